@@ -1,0 +1,4 @@
+// Migrations are embedded with refinery's macro; rebuild when they change.
+fn main() {
+    println!("cargo:rerun-if-changed=migrations");
+}

@@ -1,0 +1,112 @@
+//! The command line: `serve`, `migrate`, `merchant create NAME`.
+//! Exit codes: 0 success, 1 a runtime failure, 2 bad usage or configuration.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::Settings;
+use crate::startup::Application;
+use crate::{db, telemetry};
+
+#[derive(Debug, Parser)]
+#[command(name = "chargeonce", version, about = "Idempotent payment charges on PostgreSQL")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the HTTP service (applies migrations first unless
+    /// database.migrate_on_start is false).
+    Serve,
+    /// Apply pending database migrations and exit.
+    Migrate,
+    /// Manage merchants.
+    Merchant {
+        #[command(subcommand)]
+        command: MerchantCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum MerchantCommand {
+    /// Create a merchant; prints its secret API key, and only that, on stdout.
+    Create { name: String },
+}
+
+pub fn run() -> ExitCode {
+    let cli = Cli::parse();
+    let settings = match Settings::load() {
+        Ok(settings) => settings,
+        Err(error) => {
+            eprintln!("chargeonce: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    telemetry::init(settings.log.format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("chargeonce: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve => serve(&settings).await,
+            Command::Migrate => migrate(&settings).await,
+            Command::Merchant {
+                command: MerchantCommand::Create { name },
+            } => create_merchant(&settings, &name).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            tracing::error!("{message}");
+            eprintln!("chargeonce: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(settings: &Settings) -> Result<(), String> {
+    let app = Application::build(settings)
+        .await
+        .map_err(|e| e.to_string())?;
+    app.run_until_stopped().await.map_err(|e| e.to_string())?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn migrate(settings: &Settings) -> Result<(), String> {
+    let applied = db::migrate(&settings.database)
+        .await
+        .map_err(|e| e.to_string())?;
+    eprintln!("applied {applied} migration(s); schema at version {}", db::latest_migration());
+    Ok(())
+}
+
+async fn create_merchant(settings: &Settings, name: &str) -> Result<(), String> {
+    if name.trim().is_empty() || name.chars().count() > 200 {
+        return Err("the merchant name must be 1 to 200 characters".to_owned());
+    }
+    if settings.database.migrate_on_start {
+        db::migrate(&settings.database)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let pool = db::build_pool(&settings.database).map_err(|e| e.to_string())?;
+    let mut client = pool.get().await.map_err(|e| format!("cannot connect to PostgreSQL: {e}"))?;
+    let (id, key) = db::merchants::create(&mut client, name)
+        .await
+        .map_err(|e| format!("cannot create the merchant: {e}"))?;
+    eprintln!("created merchant {id} ({name})");
+    println!("{}", key.expose_secret());
+    Ok(())
+}

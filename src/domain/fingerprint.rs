@@ -1,0 +1,120 @@
+//! The request fingerprint: SHA-256 of the body's canonical JSON (object keys
+//! sorted, no insignificant whitespace). Two bodies that differ only in key
+//! order or spacing have the same fingerprint; any changed value does not.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fingerprint([u8; 32]);
+
+impl Fingerprint {
+    pub const ZERO: Self = Self([0; 32]);
+
+    pub fn of(value: &Value) -> Self {
+        let mut canonical = String::new();
+        write_canonical(value, &mut canonical);
+        Self(Sha256::digest(canonical.as_bytes()).into())
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        bytes.try_into().ok().map(Self)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+/// Writes `value` as canonical JSON. Keys are sorted explicitly, so the result
+/// does not depend on how serde_json happens to store maps.
+pub fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push('{');
+            for (i, (key, item)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_string(key, out);
+                out.push(':');
+                write_canonical(item, out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        Value::String(text) => write_string(text, out),
+        // Numbers, booleans and null have a single compact rendering.
+        other => {
+            let _ = write!(out, "{other}");
+        }
+    }
+}
+
+fn write_string(text: &str, out: &mut String) {
+    // serde_json escapes strings deterministically.
+    let _ = write!(out, "{}", Value::String(text.to_owned()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn canonical(text: &str) -> String {
+        let value: Value = serde_json::from_str(text).expect("json");
+        let mut out = String::new();
+        write_canonical(&value, &mut out);
+        out
+    }
+
+    #[test]
+    fn sorts_keys_at_every_depth_and_drops_whitespace() {
+        assert_eq!(
+            canonical(r#"{ "b": 1, "a": { "z": [ 1, {"y":true, "x":null} ], "c": "s" } }"#),
+            r#"{"a":{"c":"s","z":[1,{"x":null,"y":true}]},"b":1}"#
+        );
+    }
+
+    #[test]
+    fn key_order_and_whitespace_do_not_change_the_fingerprint() {
+        let a: Value = serde_json::from_str(r#"{"amount":100,"currency":"USD","metadata":{"a":"1","b":"2"}}"#).expect("json");
+        let b: Value = serde_json::from_str("{\n \"metadata\": {\"b\":\"2\", \"a\":\"1\"},\n \"currency\":\"USD\", \"amount\": 100 }").expect("json");
+        assert_eq!(Fingerprint::of(&a), Fingerprint::of(&b));
+    }
+
+    #[test]
+    fn any_changed_value_changes_the_fingerprint() {
+        let base = json!({"amount": 100, "currency": "USD"});
+        for other in [
+            json!({"amount": 101, "currency": "USD"}),
+            json!({"amount": 100, "currency": "EUR"}),
+            json!({"amount": 100, "currency": "USD", "description": "x"}),
+            json!({"amount": "100", "currency": "USD"}),
+        ] {
+            assert_ne!(Fingerprint::of(&base), Fingerprint::of(&other), "{other}");
+        }
+    }
+
+    #[test]
+    fn strings_are_escaped_unambiguously() {
+        assert_eq!(canonical(r#"{"k":"a\"b\\c\n"}"#), r#"{"k":"a\"b\\c\n"}"#);
+        assert_ne!(
+            Fingerprint::of(&json!({"a": "b", "c": "d"})),
+            Fingerprint::of(&json!({"a": "b\",\"c\":\"d"}))
+        );
+    }
+}

@@ -1,0 +1,16 @@
+//! The domain: values parsed once at the edge and trusted behind it. Pure
+//! code, no IO, no HTTP types.
+
+pub mod api_key;
+pub mod charge;
+pub mod fingerprint;
+pub mod idempotency_key;
+pub mod ids;
+pub mod money;
+
+pub use api_key::ApiKey;
+pub use charge::{Charge, ChargeStatus, FieldError, NewCharge, Outcome};
+pub use fingerprint::Fingerprint;
+pub use idempotency_key::{IdempotencyKey, KeyError};
+pub use ids::{ChargeId, MerchantId};
+pub use money::{Amount, Currency};

@@ -1,0 +1,42 @@
+//! `Authorization: Bearer <secret key>` → the merchant. A missing, malformed,
+//! unknown or revoked key is 401; a database that cannot be asked is 503, so
+//! nothing is ever served unauthenticated.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use actix_web::http::header::AUTHORIZATION;
+use actix_web::{dev::Payload, web, FromRequest, HttpRequest};
+
+use crate::db;
+use crate::domain::{ApiKey, MerchantId};
+use crate::error::ApiError;
+use crate::state::AppState;
+
+pub struct AuthenticatedMerchant(pub MerchantId);
+
+impl FromRequest for AuthenticatedMerchant {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
+
+    fn from_request(request: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let secret = bearer_token(request).map(ApiKey::from_secret);
+        let state = request.app_data::<web::Data<AppState>>().cloned();
+        Box::pin(async move {
+            let key = secret.ok_or(ApiError::Unauthenticated)?;
+            let state = state.ok_or_else(|| ApiError::Internal("no app state".to_owned()))?;
+            let client = state.pool.get().await?;
+            db::merchants::find_by_api_key(&client, &key)
+                .await?
+                .map(AuthenticatedMerchant)
+                .ok_or(ApiError::Unauthenticated)
+        })
+    }
+}
+
+fn bearer_token(request: &HttpRequest) -> Option<&str> {
+    let value = request.headers().get(AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && token.len() <= 200).then_some(token)
+}

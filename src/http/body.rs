@@ -1,0 +1,63 @@
+//! Request headers and bodies, checked before any work: the idempotency key,
+//! the content type (415), the size (413) and JSON syntax (400).
+
+use actix_web::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use actix_web::{web, HttpRequest};
+use futures_util::StreamExt;
+use serde_json::Value;
+
+use crate::domain::IdempotencyKey;
+use crate::error::ApiError;
+
+pub fn idempotency_key(request: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
+    let mut values = request.headers().get_all("idempotency-key");
+    let value = values.next().ok_or(ApiError::IdempotencyKeyMissing)?;
+    if values.next().is_some() {
+        return Err(ApiError::IdempotencyKeyInvalid(
+            crate::domain::KeyError::BadCharacter,
+        ));
+    }
+    let text = value
+        .to_str()
+        .map_err(|_| ApiError::IdempotencyKeyInvalid(crate::domain::KeyError::BadCharacter))?;
+    Ok(IdempotencyKey::parse(text)?)
+}
+
+/// Reads a JSON body of at most `limit` bytes.
+pub async fn json(
+    request: &HttpRequest,
+    mut payload: web::Payload,
+    limit: usize,
+) -> Result<Value, ApiError> {
+    let content_type = request
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let media_type = content_type.split(';').next().unwrap_or("").trim();
+    let is_json = media_type.eq_ignore_ascii_case("application/json")
+        || (media_type.len() > 5
+            && media_type.to_ascii_lowercase().starts_with("application/")
+            && media_type.to_ascii_lowercase().ends_with("+json"));
+    if !is_json {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    let declared = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|length| length > limit) {
+        return Err(ApiError::PayloadTooLarge { limit });
+    }
+    let mut body = web::BytesMut::with_capacity(declared.unwrap_or(1024).min(limit));
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::invalid(format!("the body could not be read: {e}"), vec![]))?;
+        if body.len() + chunk.len() > limit {
+            return Err(ApiError::PayloadTooLarge { limit });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), vec![]))
+}

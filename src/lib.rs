@@ -1,0 +1,15 @@
+//! chargeonce: payment charges created exactly once per logical request.
+//! See ARCHITECTURE.md for the map.
+
+pub mod cli;
+pub mod config;
+pub mod db;
+pub mod domain;
+pub mod error;
+pub mod http;
+pub mod processor;
+pub mod service;
+pub mod startup;
+pub mod state;
+pub mod telemetry;
+pub mod workers;

@@ -1,0 +1,145 @@
+//! Creating a charge exactly once.
+//!
+//! 1. Insert the charge as `pending` with a lease and commit, before any side
+//!    effect. The unique (merchant, key) index makes this the one decision
+//!    point: whoever inserts owns the charge; everyone else finds the row.
+//! 2. Call the processor with the charge's stable downstream key, holding no
+//!    database connection.
+//! 3. Record the outcome and its outbox event in one statement.
+//!
+//! A request that finds a pending charge whose lease ran out (its owner died
+//! or got no answer) takes the lease over and repeats step 2 with the same
+//! downstream key; the processor answers as it did the first time.
+
+use actix_web::web;
+
+use crate::db;
+use crate::domain::{Charge, ChargeStatus, Fingerprint, IdempotencyKey, MerchantId, NewCharge};
+use crate::error::ApiError;
+use crate::processor::{PaymentRequest, ProcessorReply};
+use crate::state::AppState;
+
+/// What a client is told to wait before retrying a key that is in flight.
+/// Requests normally finish in milliseconds, so a second is a fair hint even
+/// though the lease itself may run longer.
+pub const IN_USE_RETRY_AFTER_SECS: u64 = 1;
+
+/// A charge to answer with. `replayed` is true when the key already existed,
+/// so the answer belongs to an earlier request.
+#[derive(Debug)]
+pub struct ChargeReply {
+    pub charge: Charge,
+    pub replayed: bool,
+}
+
+pub async fn create(
+    state: web::Data<AppState>,
+    merchant: MerchantId,
+    key: &IdempotencyKey,
+    fingerprint: Fingerprint,
+    request: &NewCharge,
+) -> Result<ChargeReply, ApiError> {
+    let (charge, created) = {
+        let client = state.pool.get().await?;
+        db::charges::insert_or_find(
+            &client,
+            crate::domain::ChargeId::new(),
+            merchant,
+            key,
+            &fingerprint,
+            request,
+            state.lease,
+        )
+        .await?
+        .ok_or_else(|| {
+            ApiError::ServiceUnavailable("idempotency key kept changing hands".to_owned())
+        })?
+    };
+    // Same key, different request: a client bug. Never execute it.
+    if charge.fingerprint != fingerprint {
+        return Err(ApiError::IdempotencyKeyReused);
+    }
+    if created {
+        return process(state, charge, false).await;
+    }
+    if charge.status != ChargeStatus::Pending {
+        return Ok(ChargeReply {
+            charge,
+            replayed: true,
+        });
+    }
+    resume(state, charge).await
+}
+
+/// A pending charge found by a retry: take it over if its lease ran out,
+/// otherwise it is in flight elsewhere.
+async fn resume(state: web::Data<AppState>, charge: Charge) -> Result<ChargeReply, ApiError> {
+    let client = state.pool.get().await?;
+    if let Some(taken) = db::charges::take_expired_lease(&client, charge.id, state.lease).await? {
+        drop(client);
+        return process(state, taken, true).await;
+    }
+    // Someone holds the lease, or finished just now.
+    let current = db::charges::find(&client, charge.merchant_id, charge.id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    match current.status {
+        ChargeStatus::Pending => Err(ApiError::IdempotencyKeyInUse {
+            retry_after_secs: IN_USE_RETRY_AFTER_SECS,
+        }),
+        _ => Ok(ChargeReply {
+            charge: current,
+            replayed: true,
+        }),
+    }
+}
+
+/// Steps 2 and 3 for a charge whose lease we hold. Runs as its own task so a
+/// client that hangs up mid-request cannot cancel it between the processor's
+/// answer and the outcome's commit.
+async fn process(
+    state: web::Data<AppState>,
+    charge: Charge,
+    replayed: bool,
+) -> Result<ChargeReply, ApiError> {
+    let task = tokio::spawn(async move {
+        let charge = call_processor_and_record(&state, charge).await?;
+        Ok(ChargeReply { charge, replayed })
+    });
+    task.await
+        .map_err(|e| ApiError::Internal(format!("charge task failed: {e}")))?
+}
+
+async fn call_processor_and_record(state: &AppState, charge: Charge) -> Result<Charge, ApiError> {
+    let processor_key = charge.id.processor_idempotency_key();
+    let reply = state
+        .processor
+        .charge(&PaymentRequest {
+            idempotency_key: &processor_key,
+            amount: charge.amount,
+            currency: &charge.currency,
+            customer: charge.customer.as_deref(),
+            description: charge.description.as_deref(),
+        })
+        .await;
+    let client = state.pool.get().await?;
+    let recorded = match reply {
+        ProcessorReply::Final(outcome) => {
+            db::charges::record_outcome(&client, &charge, &outcome).await?
+        }
+        ProcessorReply::Unknown { reason } => {
+            tracing::warn!(charge = %charge.id, %reason, "processor outcome unknown; charge stays pending");
+            match charge.locked_until {
+                Some(lease) => db::charges::release_lease(&client, charge.id, lease).await?,
+                None => None,
+            }
+        }
+    };
+    match recorded {
+        Some(charge) => Ok(charge),
+        // Another request recorded the outcome (or took the lease) first.
+        None => db::charges::find(&client, charge.merchant_id, charge.id)
+            .await?
+            .ok_or(ApiError::NotFound),
+    }
+}

@@ -1,0 +1,125 @@
+//! Wiring: builds the whole service from `Settings`. The binary and the tests
+//! start the same `Application`.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::dev::{Server, ServerHandle};
+use actix_web::{web, App, HttpServer};
+use deadpool_postgres::Pool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::db::{self, DbError};
+use crate::processor::{self, PaymentProcessor};
+use crate::state::AppState;
+use crate::{http, workers};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error(transparent)]
+    Database(#[from] DbError),
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        address: String,
+        source: std::io::Error,
+    },
+}
+
+pub struct Application {
+    port: u16,
+    server: Server,
+    pool: Pool,
+    stop: CancellationToken,
+    background: Vec<JoinHandle<()>>,
+}
+
+impl Application {
+    pub async fn build(settings: &Settings) -> Result<Self, StartupError> {
+        Self::build_with_processor(settings, processor::from_settings(&settings.processor)).await
+    }
+
+    /// Like `build`, with a processor chosen by the caller (tests keep a
+    /// handle on it to count calls).
+    pub async fn build_with_processor(
+        settings: &Settings,
+        processor: Arc<dyn PaymentProcessor>,
+    ) -> Result<Self, StartupError> {
+        if settings.database.migrate_on_start {
+            let applied = db::migrate(&settings.database).await?;
+            tracing::info!(applied, "migrations up to date");
+        }
+        let pool = db::build_pool(&settings.database)?;
+
+        let address = format!("{}:{}", settings.server.host, settings.server.port);
+        let bind_error = |source| StartupError::Bind {
+            address: address.clone(),
+            source,
+        };
+        let listener = TcpListener::bind(&address).map_err(bind_error)?;
+        let port = listener.local_addr().map_err(bind_error)?.port();
+
+        let state = web::Data::new(AppState {
+            pool: pool.clone(),
+            processor,
+            lease: settings.idempotency.lease(),
+            max_body_bytes: settings.http.max_body_bytes,
+        });
+        let mut server = HttpServer::new(move || {
+            App::new()
+                .app_data(state.clone())
+                .wrap_fn(http::request_log)
+                .configure(http::configure)
+        })
+        .shutdown_timeout(settings.server.shutdown_timeout_secs)
+        .client_request_timeout(Duration::from_secs(10));
+        if settings.server.workers > 0 {
+            server = server.workers(settings.server.workers);
+        }
+        let server = server.listen(listener).map_err(bind_error)?.run();
+
+        let stop = CancellationToken::new();
+        let background = vec![tokio::spawn(workers::sweeper::run(
+            pool.clone(),
+            settings.idempotency.clone(),
+            stop.clone(),
+        ))];
+        tracing::info!(%address, port, "chargeonce listening");
+        Ok(Self {
+            port,
+            server,
+            pool,
+            stop,
+            background,
+        })
+    }
+
+    /// The port actually bound (useful with `server.port = 0`).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Stops the server gracefully (as SIGTERM does) when asked.
+    pub fn handle(&self) -> ServerHandle {
+        self.server.handle()
+    }
+
+    /// Serves until SIGTERM/SIGINT (or a `handle().stop(..)`): then stops
+    /// accepting, lets in-flight requests finish within
+    /// `server.shutdown_timeout_secs`, and stops the background workers.
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        let result = self.server.await;
+        self.stop.cancel();
+        for worker in self.background {
+            let _ = worker.await;
+        }
+        self.pool.close();
+        result
+    }
+}

@@ -1,0 +1,4 @@
+//! Background work inside `serve`. Every worker runs until the shared
+//! cancellation token fires, which happens once the HTTP server has drained.
+
+pub mod sweeper;
