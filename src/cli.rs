@@ -10,7 +10,11 @@ use crate::startup::Application;
 use crate::{db, telemetry};
 
 #[derive(Debug, Parser)]
-#[command(name = "chargeonce", version, about = "Idempotent payment charges on PostgreSQL")]
+#[command(
+    name = "chargeonce",
+    version,
+    about = "Idempotent payment charges on PostgreSQL"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -88,7 +92,10 @@ async fn migrate(settings: &Settings) -> Result<(), String> {
     let applied = db::migrate(&settings.database)
         .await
         .map_err(|e| e.to_string())?;
-    eprintln!("applied {applied} migration(s); schema at version {}", db::latest_migration());
+    eprintln!(
+        "applied {applied} migration(s); schema at version {}",
+        db::latest_migration()
+    );
     Ok(())
 }
 
@@ -102,7 +109,10 @@ async fn create_merchant(settings: &Settings, name: &str) -> Result<(), String> 
             .map_err(|e| e.to_string())?;
     }
     let pool = db::build_pool(&settings.database).map_err(|e| e.to_string())?;
-    let mut client = pool.get().await.map_err(|e| format!("cannot connect to PostgreSQL: {e}"))?;
+    let mut client = pool
+        .get()
+        .await
+        .map_err(|e| format!("cannot connect to PostgreSQL: {e}"))?;
     let (id, key) = db::merchants::create(&mut client, name)
         .await
         .map_err(|e| format!("cannot create the merchant: {e}"))?;

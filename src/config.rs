@@ -154,7 +154,10 @@ impl Settings {
             return Err(invalid("server.host", "must not be empty"));
         }
         if let Err(e) = self.database.url.parse::<tokio_postgres::Config>() {
-            return Err(invalid("database.url", format!("not a PostgreSQL URL: {e}")));
+            return Err(invalid(
+                "database.url",
+                format!("not a PostgreSQL URL: {e}"),
+            ));
         }
         if !(1..=1000).contains(&self.database.pool_size) {
             return Err(invalid("database.pool_size", "must be between 1 and 1000"));
@@ -163,7 +166,10 @@ impl Settings {
             return Err(invalid("database.connect_timeout_ms", "must be at least 1"));
         }
         if self.database.statement_timeout_ms == 0 {
-            return Err(invalid("database.statement_timeout_ms", "must be at least 1"));
+            return Err(invalid(
+                "database.statement_timeout_ms",
+                "must be at least 1",
+            ));
         }
         if self.http.max_body_bytes < 1024 {
             return Err(invalid("http.max_body_bytes", "must be at least 1024"));
@@ -181,10 +187,16 @@ impl Settings {
             return Err(invalid("idempotency.retention_hours", "must be at least 1"));
         }
         if self.idempotency.sweep_interval_ms == 0 {
-            return Err(invalid("idempotency.sweep_interval_ms", "must be at least 1"));
+            return Err(invalid(
+                "idempotency.sweep_interval_ms",
+                "must be at least 1",
+            ));
         }
         if self.idempotency.sweep_batch_size < 1 {
-            return Err(invalid("idempotency.sweep_batch_size", "must be at least 1"));
+            return Err(invalid(
+                "idempotency.sweep_batch_size",
+                "must be at least 1",
+            ));
         }
         Ok(())
     }
@@ -255,12 +267,19 @@ mod tests {
             ("CHARGEONCE__SERVER__PORT", "eighty", "server.port"),
             ("CHARGEONCE__DATABASE__POOL_SIZE", "0", "database.pool_size"),
             ("CHARGEONCE__PROCESSOR__KIND", "magic", "processor.kind"),
-            ("CHARGEONCE__HTTP__MAX_BODY_BYTES", "10", "http.max_body_bytes"),
+            (
+                "CHARGEONCE__HTTP__MAX_BODY_BYTES",
+                "10",
+                "http.max_body_bytes",
+            ),
             ("DATABASE_URL", "mysql://nope", "database.url"),
         ];
         for (var, value, key) in cases {
             let error = load(&[(var, value)]).expect_err(var).to_string();
-            assert!(error.contains(key), "{var}={value}: `{error}` does not name {key}");
+            assert!(
+                error.contains(key),
+                "{var}={value}: `{error}` does not name {key}"
+            );
         }
     }
 

@@ -98,7 +98,13 @@ pub struct Problem<'a, T: Serialize> {
 }
 
 impl<'a, T: Serialize> Problem<'a, T> {
-    pub fn new(status: StatusCode, code: &'a str, title: &'a str, detail: String, extra: T) -> Self {
+    pub fn new(
+        status: StatusCode,
+        code: &'a str,
+        title: &'a str,
+        detail: String,
+        extra: T,
+    ) -> Self {
         Self {
             kind: format!("urn:chargeonce:problem:{code}"),
             title,

@@ -128,7 +128,9 @@ pub async fn list(
                 "SELECT {COLUMNS} FROM charges WHERE merchant_id = $1 ORDER BY id DESC LIMIT $2"
             );
             let statement = client.prepare_cached(&sql).await?;
-            client.query(&statement, &[merchant.as_uuid(), &limit]).await?
+            client
+                .query(&statement, &[merchant.as_uuid(), &limit])
+                .await?
         }
         Some(cursor) => {
             let sql = format!(
@@ -212,7 +214,11 @@ pub async fn record_outcome(
             payment_id,
             code,
             message,
-        } => (payment_id.as_deref(), Some(code.as_str()), Some(message.as_str())),
+        } => (
+            payment_id.as_deref(),
+            Some(code.as_str()),
+            Some(message.as_str()),
+        ),
     };
     let payload = serde_json::to_value(charge.with_outcome(outcome)).unwrap_or(Value::Null);
     let row = client

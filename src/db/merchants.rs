@@ -7,7 +7,10 @@ use crate::domain::{ApiKey, MerchantId};
 
 /// Creates a merchant with one fresh API key, in one transaction. The secret
 /// is returned to be shown once; only its digest is stored.
-pub async fn create(client: &mut deadpool_postgres::Client, name: &str) -> Result<(MerchantId, ApiKey), Error> {
+pub async fn create(
+    client: &mut deadpool_postgres::Client,
+    name: &str,
+) -> Result<(MerchantId, ApiKey), Error> {
     let id = MerchantId::new();
     let key = ApiKey::generate();
     let transaction = client.transaction().await?;
@@ -28,7 +31,10 @@ pub async fn create(client: &mut deadpool_postgres::Client, name: &str) -> Resul
 }
 
 /// The merchant an unrevoked API key belongs to.
-pub async fn find_by_api_key(client: &impl GenericClient, key: &ApiKey) -> Result<Option<MerchantId>, Error> {
+pub async fn find_by_api_key(
+    client: &impl GenericClient,
+    key: &ApiKey,
+) -> Result<Option<MerchantId>, Error> {
     let statement = client
         .prepare_cached(
             "SELECT merchant_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",

@@ -83,18 +83,15 @@ pub fn build_pool(settings: &DatabaseSettings) -> Result<Pool, DbError> {
 pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, DbError> {
     let config = pg_config(settings)?;
     let connect = config.connect(NoTls);
-    let (mut client, connection) =
-        tokio::time::timeout(settings.connect_timeout(), connect)
-            .await
-            .map_err(|_| DbError::Timeout(settings.connect_timeout()))?
-            .map_err(DbError::Connect)?;
+    let (mut client, connection) = tokio::time::timeout(settings.connect_timeout(), connect)
+        .await
+        .map_err(|_| DbError::Timeout(settings.connect_timeout()))?
+        .map_err(DbError::Connect)?;
     let connection = tokio::spawn(connection);
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
         .await?;
-    let report = embedded::migrations::runner()
-        .run_async(&mut client)
-        .await;
+    let report = embedded::migrations::runner().run_async(&mut client).await;
     // Closing the session would release the lock too; unlock explicitly so a
     // pooled or proxied connection never keeps it.
     let unlocked = client
@@ -118,7 +115,9 @@ pub fn latest_migration() -> i64 {
 }
 
 /// The newest migration version applied to the database, if any.
-pub async fn applied_migration(client: &impl deadpool_postgres::GenericClient) -> Result<Option<i64>, tokio_postgres::Error> {
+pub async fn applied_migration(
+    client: &impl deadpool_postgres::GenericClient,
+) -> Result<Option<i64>, tokio_postgres::Error> {
     let row = client
         .query_opt(
             "SELECT max(version)::bigint FROM refinery_schema_history",

@@ -53,7 +53,10 @@ mod tests {
     #[test]
     fn the_digest_depends_only_on_the_secret_and_debug_hides_it() {
         let key = ApiKey::generate();
-        assert_eq!(ApiKey::from_secret(key.expose_secret()).digest(), key.digest());
+        assert_eq!(
+            ApiKey::from_secret(key.expose_secret()).digest(),
+            key.digest()
+        );
         assert!(!format!("{key:?}").contains(key.expose_secret()));
     }
 }

@@ -65,8 +65,12 @@ impl NewCharge {
         let amount = parse_amount(object.get("amount"), &mut errors);
         let currency = parse_currency(object.get("currency"), &mut errors);
         let customer = optional_text(object, "customer", limits::CUSTOMER_CHARS, &mut errors);
-        let description =
-            optional_text(object, "description", limits::DESCRIPTION_CHARS, &mut errors);
+        let description = optional_text(
+            object,
+            "description",
+            limits::DESCRIPTION_CHARS,
+            &mut errors,
+        );
         let metadata = parse_metadata(object.get("metadata"), &mut errors);
         match (amount, currency) {
             (Some(amount), Some(currency)) if errors.is_empty() => Ok(Self {
@@ -122,7 +126,10 @@ fn optional_text(
         None | Some(Value::Null) => None,
         Some(Value::String(text)) if text.chars().count() <= max_chars => Some(text.clone()),
         Some(Value::String(_)) => {
-            errors.push(FieldError::new(field, format!("must be at most {max_chars} characters")));
+            errors.push(FieldError::new(
+                field,
+                format!("must be at most {max_chars} characters"),
+            ));
             None
         }
         Some(_) => {
@@ -138,7 +145,10 @@ fn parse_metadata(value: Option<&Value>, errors: &mut Vec<FieldError>) -> BTreeM
         None | Some(Value::Null) => return metadata,
         Some(Value::Object(entries)) => entries,
         Some(_) => {
-            errors.push(FieldError::new("metadata", "must be an object of string values"));
+            errors.push(FieldError::new(
+                "metadata",
+                "must be an object of string values",
+            ));
             return metadata;
         }
     };
@@ -155,7 +165,10 @@ fn parse_metadata(value: Option<&Value>, errors: &mut Vec<FieldError>) -> BTreeM
         if key_chars == 0 || key_chars > limits::METADATA_KEY_CHARS {
             errors.push(FieldError::new(
                 field,
-                format!("keys must be 1 to {} characters", limits::METADATA_KEY_CHARS),
+                format!(
+                    "keys must be 1 to {} characters",
+                    limits::METADATA_KEY_CHARS
+                ),
             ));
             continue;
         }
@@ -165,7 +178,10 @@ fn parse_metadata(value: Option<&Value>, errors: &mut Vec<FieldError>) -> BTreeM
             }
             Value::String(_) => errors.push(FieldError::new(
                 field,
-                format!("must be at most {} characters", limits::METADATA_VALUE_CHARS),
+                format!(
+                    "must be at most {} characters",
+                    limits::METADATA_VALUE_CHARS
+                ),
             )),
             _ => errors.push(FieldError::new(field, "must be a string")),
         }
@@ -202,8 +218,14 @@ impl ChargeStatus {
 /// The processor's final word on a charge.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    Succeeded { payment_id: String },
-    Declined { payment_id: Option<String>, code: String, message: String },
+    Succeeded {
+        payment_id: String,
+    },
+    Declined {
+        payment_id: Option<String>,
+        code: String,
+        message: String,
+    },
 }
 
 impl Outcome {
@@ -320,19 +342,40 @@ mod tests {
 
     #[test]
     fn amount_must_be_a_positive_bounded_integer() {
-        for bad in [json!(0), json!(-1), json!(1.5), json!("100"), json!(100000000000_i64),
-                    json!(u64::MAX), json!(1e3), json!(true)] {
-            assert_eq!(fields(json!({"amount": bad, "currency": "USD"})), ["amount"], "{bad}");
+        for bad in [
+            json!(0),
+            json!(-1),
+            json!(1.5),
+            json!("100"),
+            json!(100000000000_i64),
+            json!(u64::MAX),
+            json!(1e3),
+            json!(true),
+        ] {
+            assert_eq!(
+                fields(json!({"amount": bad, "currency": "USD"})),
+                ["amount"],
+                "{bad}"
+            );
         }
     }
 
     #[test]
     fn strings_and_metadata_have_size_limits() {
         let long = |n: usize| "x".repeat(n);
-        assert_eq!(fields(json!({"amount": 1, "currency": "USD", "customer": long(256)})), ["customer"]);
-        assert_eq!(fields(json!({"amount": 1, "currency": "USD", "description": long(1001)})), ["description"]);
+        assert_eq!(
+            fields(json!({"amount": 1, "currency": "USD", "customer": long(256)})),
+            ["customer"]
+        );
+        assert_eq!(
+            fields(json!({"amount": 1, "currency": "USD", "description": long(1001)})),
+            ["description"]
+        );
         let too_many: Map<String, Value> = (0..51).map(|i| (format!("k{i}"), json!("v"))).collect();
-        assert_eq!(fields(json!({"amount": 1, "currency": "USD", "metadata": too_many})), ["metadata"]);
+        assert_eq!(
+            fields(json!({"amount": 1, "currency": "USD", "metadata": too_many})),
+            ["metadata"]
+        );
         let key = long(41);
         assert_eq!(
             fields(json!({"amount": 1, "currency": "USD", "metadata": {key.clone(): "v"}})),
@@ -343,6 +386,9 @@ mod tests {
             ["metadata.k"]
         );
         // Limits count characters, not bytes.
-        assert!(NewCharge::parse(&json!({"amount": 1, "currency": "USD", "customer": "é".repeat(255)})).is_ok());
+        assert!(NewCharge::parse(
+            &json!({"amount": 1, "currency": "USD", "customer": "é".repeat(255)})
+        )
+        .is_ok());
     }
 }

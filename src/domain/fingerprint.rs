@@ -91,7 +91,9 @@ mod tests {
 
     #[test]
     fn key_order_and_whitespace_do_not_change_the_fingerprint() {
-        let a: Value = serde_json::from_str(r#"{"amount":100,"currency":"USD","metadata":{"a":"1","b":"2"}}"#).expect("json");
+        let a: Value =
+            serde_json::from_str(r#"{"amount":100,"currency":"USD","metadata":{"a":"1","b":"2"}}"#)
+                .expect("json");
         let b: Value = serde_json::from_str("{\n \"metadata\": {\"b\":\"2\", \"a\":\"1\"},\n \"currency\":\"USD\", \"amount\": 100 }").expect("json");
         assert_eq!(Fingerprint::of(&a), Fingerprint::of(&b));
     }

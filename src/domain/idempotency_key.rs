@@ -11,7 +11,10 @@ pub struct IdempotencyKey(String);
 pub enum KeyError {
     #[error("the Idempotency-Key header is empty")]
     Empty,
-    #[error("the Idempotency-Key is longer than {} characters", IdempotencyKey::MAX_LEN)]
+    #[error(
+        "the Idempotency-Key is longer than {} characters",
+        IdempotencyKey::MAX_LEN
+    )]
     TooLong,
     #[error("the Idempotency-Key may contain only visible ASCII characters (no spaces)")]
     BadCharacter,
@@ -75,10 +78,20 @@ mod tests {
     fn rejects_empty_long_and_invisible() {
         assert_eq!(IdempotencyKey::parse(""), Err(KeyError::Empty));
         assert_eq!(IdempotencyKey::parse("\"\""), Err(KeyError::Empty));
-        assert_eq!(IdempotencyKey::parse(&"k".repeat(256)), Err(KeyError::TooLong));
-        assert_eq!(IdempotencyKey::parse(&format!("\"{}\"", "k".repeat(256))), Err(KeyError::TooLong));
+        assert_eq!(
+            IdempotencyKey::parse(&"k".repeat(256)),
+            Err(KeyError::TooLong)
+        );
+        assert_eq!(
+            IdempotencyKey::parse(&format!("\"{}\"", "k".repeat(256))),
+            Err(KeyError::TooLong)
+        );
         for bad in ["has space", "tab\there", "caf\u{e9}", "nul\0", "del\x7f"] {
-            assert_eq!(IdempotencyKey::parse(bad), Err(KeyError::BadCharacter), "{bad:?}");
+            assert_eq!(
+                IdempotencyKey::parse(bad),
+                Err(KeyError::BadCharacter),
+                "{bad:?}"
+            );
         }
     }
 }

@@ -88,8 +88,14 @@ mod tests {
     fn the_processor_key_is_stable_per_charge() {
         let id = ChargeId::new();
         let again = ChargeId::parse(&id.to_string()).expect("parses");
-        assert_eq!(id.processor_idempotency_key(), again.processor_idempotency_key());
-        assert_ne!(id.processor_idempotency_key(), ChargeId::new().processor_idempotency_key());
+        assert_eq!(
+            id.processor_idempotency_key(),
+            again.processor_idempotency_key()
+        );
+        assert_ne!(
+            id.processor_idempotency_key(),
+            ChargeId::new().processor_idempotency_key()
+        );
     }
 
     #[test]

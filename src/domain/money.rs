@@ -12,7 +12,9 @@ impl Amount {
     pub const MAX: i64 = 99_999_999_999;
 
     pub fn new(minor_units: i64) -> Option<Self> {
-        (1..=Self::MAX).contains(&minor_units).then_some(Self(minor_units))
+        (1..=Self::MAX)
+            .contains(&minor_units)
+            .then_some(Self(minor_units))
     }
 
     pub fn minor_units(self) -> i64 {
@@ -66,7 +68,10 @@ mod tests {
     #[test]
     fn amounts_are_positive_and_bounded() {
         assert_eq!(Amount::new(1).map(Amount::minor_units), Some(1));
-        assert_eq!(Amount::new(Amount::MAX).map(Amount::minor_units), Some(Amount::MAX));
+        assert_eq!(
+            Amount::new(Amount::MAX).map(Amount::minor_units),
+            Some(Amount::MAX)
+        );
         for bad in [0, -1, Amount::MAX + 1, i64::MIN, i64::MAX] {
             assert_eq!(Amount::new(bad), None, "{bad}");
         }
@@ -74,7 +79,10 @@ mod tests {
 
     #[test]
     fn currencies_are_known_upper_case_codes() {
-        assert_eq!(Currency::parse("USD").map(|c| c.to_string()), Some("USD".into()));
+        assert_eq!(
+            Currency::parse("USD").map(|c| c.to_string()),
+            Some("USD".into())
+        );
         assert!(Currency::parse("JPY").is_some());
         for bad in ["usd", "US", "USDD", "XYZ", "", "EU€"] {
             assert!(Currency::parse(bad).is_none(), "{bad}");
@@ -84,6 +92,8 @@ mod tests {
     #[test]
     fn the_code_list_is_sorted_and_well_formed() {
         assert!(CODES.windows(2).all(|w| w[0] < w[1]));
-        assert!(CODES.iter().all(|c| c.len() == 3 && c.bytes().all(|b| b.is_ascii_uppercase())));
+        assert!(CODES
+            .iter()
+            .all(|c| c.len() == 3 && c.bytes().all(|b| b.is_ascii_uppercase())));
     }
 }

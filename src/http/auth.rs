@@ -38,5 +38,6 @@ fn bearer_token(request: &HttpRequest) -> Option<&str> {
     let value = request.headers().get(AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     let token = token.trim();
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && token.len() <= 200).then_some(token)
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && token.len() <= 200)
+        .then_some(token)
 }

@@ -52,7 +52,8 @@ pub async fn json(
     }
     let mut body = web::BytesMut::with_capacity(declared.unwrap_or(1024).min(limit));
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| ApiError::invalid(format!("the body could not be read: {e}"), vec![]))?;
+        let chunk = chunk
+            .map_err(|e| ApiError::invalid(format!("the body could not be read: {e}"), vec![]))?;
         if body.len() + chunk.len() > limit {
             return Err(ApiError::PayloadTooLarge { limit });
         }

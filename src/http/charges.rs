@@ -92,7 +92,9 @@ pub async fn get(
     let charge = db::charges::find(&client, merchant, id)
         .await?
         .ok_or(ApiError::NotFound)?;
-    Ok(HttpResponse::Ok().content_type("application/json").body(to_json(&charge)))
+    Ok(HttpResponse::Ok()
+        .content_type("application/json")
+        .body(to_json(&charge)))
 }
 
 pub const DEFAULT_PAGE: i64 = 10;
@@ -122,7 +124,9 @@ pub async fn list(
         has_more,
         data: &charges,
     };
-    Ok(HttpResponse::Ok().content_type("application/json").body(to_json(&page)))
+    Ok(HttpResponse::Ok()
+        .content_type("application/json")
+        .body(to_json(&page)))
 }
 
 /// `limit` (1..=100, default 10) and `starting_after` (a charge id); any

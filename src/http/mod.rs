@@ -49,7 +49,11 @@ pub fn request_log<S, B>(
     service: &S,
 ) -> impl std::future::Future<Output = Result<actix_web::dev::ServiceResponse<B>, actix_web::Error>>
 where
-    S: Service<ServiceRequest, Response = actix_web::dev::ServiceResponse<B>, Error = actix_web::Error>,
+    S: Service<
+        ServiceRequest,
+        Response = actix_web::dev::ServiceResponse<B>,
+        Error = actix_web::Error,
+    >,
 {
     let started = std::time::Instant::now();
     let request_id = request

@@ -106,11 +106,23 @@ mod tests {
             ProcessorReply::Final(Outcome::Declined { code, .. }) => code,
             ProcessorReply::Unknown { .. } => "unknown".to_owned(),
         };
-        assert_eq!(code(processor.charge(&request("a", 1000)).await), "succeeded");
-        assert_eq!(code(processor.charge(&request("b", 1002)).await), "card_declined");
-        assert_eq!(code(processor.charge(&request("c", 1005)).await), "insufficient_funds");
+        assert_eq!(
+            code(processor.charge(&request("a", 1000)).await),
+            "succeeded"
+        );
+        assert_eq!(
+            code(processor.charge(&request("b", 1002)).await),
+            "card_declined"
+        );
+        assert_eq!(
+            code(processor.charge(&request("c", 1005)).await),
+            "insufficient_funds"
+        );
         assert_eq!(code(processor.charge(&request("d", 1009)).await), "unknown");
-        assert_eq!(code(processor.charge(&request("d", 1009)).await), "succeeded");
+        assert_eq!(
+            code(processor.charge(&request("d", 1009)).await),
+            "succeeded"
+        );
         assert_eq!(code(processor.charge(&request("e", 1009)).await), "unknown");
         assert_eq!(processor.calls(), 6);
     }

@@ -32,9 +32,12 @@ pub async fn run(pool: Pool, settings: IdempotencySettings, stop: CancellationTo
 }
 
 /// One round: releases expired keys batch by batch; returns how many.
-pub async fn sweep(pool: &Pool, settings: &IdempotencySettings) -> Result<u64, crate::error::ApiError> {
-    let retention = chrono::Duration::from_std(settings.retention())
-        .unwrap_or(chrono::Duration::MAX);
+pub async fn sweep(
+    pool: &Pool,
+    settings: &IdempotencySettings,
+) -> Result<u64, crate::error::ApiError> {
+    let retention =
+        chrono::Duration::from_std(settings.retention()).unwrap_or(chrono::Duration::MAX);
     let cutoff = Utc::now() - retention;
     let client = pool.get().await?;
     let mut total = 0;

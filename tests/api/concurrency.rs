@@ -1,0 +1,57 @@
+//! Races: the unique index must decide, whatever the timing.
+
+use futures_util::future::join_all;
+
+use crate::helpers::{charge_body, spawn_app, spawn_app_with};
+
+#[tokio::test]
+async fn fifty_concurrent_requests_with_one_key_make_one_charge() {
+    // A little processor latency keeps the first request in flight while the
+    // others arrive, so both the 409 path and the replay path are exercised.
+    let app = spawn_app_with(|s| {
+        s.processor.latency_ms = 50;
+        s.database.pool_size = 20;
+    })
+    .await;
+    let body = charge_body(4200);
+    let replies = join_all((0..50).map(|_| app.post_charge("same-key", &body))).await;
+
+    assert_eq!(app.charge_rows().await, 1);
+    assert_eq!(app.processor.calls(), 1, "the processor was called once");
+    let successes: Vec<_> = replies.iter().filter(|r| r.status.is_success()).collect();
+    assert!(!successes.is_empty());
+    for reply in &successes {
+        assert_eq!(reply.status, 201);
+        assert_eq!(reply.body, successes[0].body, "every 2xx has the same body");
+    }
+    for reply in replies.iter().filter(|r| !r.status.is_success()) {
+        reply.assert_problem(409, "idempotency_key_in_use");
+        assert!(reply.header("retry-after").is_some());
+    }
+    let replayed = successes
+        .iter()
+        .filter(|r| r.header("idempotent-replayed") == Some("true"))
+        .count();
+    assert_eq!(replayed, successes.len() - 1, "exactly one first answer");
+}
+
+#[tokio::test]
+async fn two_hundred_concurrent_distinct_keys_make_two_hundred_charges() {
+    let app = spawn_app().await;
+    let replies = join_all((0..200).map(|i| {
+        let key = format!("distinct-{i}");
+        let app = &app;
+        async move { app.post_charge(&key, &charge_body(1000 + i * 100)).await }
+    }))
+    .await;
+    for reply in &replies {
+        assert_eq!(reply.status, 201, "{}", reply.body);
+    }
+    assert_eq!(app.charge_rows().await, 200);
+    assert_eq!(
+        app.count("SELECT count(DISTINCT client_idempotency_key) FROM charges")
+            .await,
+        200
+    );
+    assert_eq!(app.processor.calls(), 200);
+}

@@ -1,0 +1,12 @@
+//! End-to-end tests of the API against a real PostgreSQL. One binary: every
+//! test has its own database and application, and they run in parallel.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod binary;
+mod charges;
+mod concurrency;
+mod helpers;
+mod retention;
+mod tenancy;
+mod unavailable;
+mod validation;

@@ -1,0 +1,62 @@
+//! The retention contract: a key is kept at least `retention_hours`; after
+//! that the sweeper releases it and the key names a new request.
+
+use std::time::Duration;
+
+use uuid::{NoContext, Timestamp, Uuid};
+
+use crate::helpers::{charge_body, spawn_app_with};
+
+#[tokio::test]
+async fn the_sweeper_releases_only_expired_keys() {
+    let app = spawn_app_with(|s| s.idempotency.sweep_interval_ms = 100).await;
+    let recent = app.post_charge("recent", &charge_body(300)).await;
+    assert_eq!(recent.status, 201);
+
+    // A charge created two days ago (ids are time-ordered UUIDv7).
+    let two_days_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        - 48 * 3600;
+    let old_id = Uuid::new_v7(Timestamp::from_unix(NoContext, two_days_ago, 0));
+    let client = app.pool.get().await.unwrap();
+    client
+        .execute(
+            "INSERT INTO charges (id, merchant_id, client_idempotency_key, request_fingerprint, \
+                                  amount, currency, status, created_at) \
+             SELECT $1, id, 'old', sha256('x'), 300, 'USD', 'succeeded', now() - interval '2 days' \
+               FROM merchants",
+            &[&old_id],
+        )
+        .await
+        .unwrap();
+
+    let mut waited = Duration::ZERO;
+    while app
+        .count("SELECT count(*) FROM charges WHERE client_idempotency_key = 'old'")
+        .await
+        > 0
+    {
+        assert!(
+            waited < Duration::from_secs(5),
+            "the sweeper never released the old key"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += Duration::from_millis(50);
+    }
+    // The charge itself stays; the key is free for a new request.
+    assert_eq!(app.charge_rows().await, 2);
+    let reused = app.post_charge("old", &charge_body(300)).await;
+    assert_eq!(reused.status, 201);
+    assert_eq!(reused.header("idempotent-replayed"), None);
+    assert_ne!(
+        reused.json()["id"].as_str().unwrap(),
+        format!("ch_{}", old_id.simple())
+    );
+
+    // The recent key is still held: a retry replays.
+    let replay = app.post_charge("recent", &charge_body(300)).await;
+    assert_eq!(replay.body, recent.body);
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+}

@@ -1,0 +1,84 @@
+//! Every resource belongs to one merchant; keys are scoped per merchant.
+
+use crate::helpers::{charge_body, spawn_app};
+
+#[tokio::test]
+async fn another_merchants_charge_is_404_and_not_listed() {
+    let app = spawn_app().await;
+    let other = app.create_merchant("Other").await;
+    let mine = app.post_charge("mine", &charge_body(500)).await.json();
+
+    app.get_as(
+        &other,
+        &format!("/v1/charges/{}", mine["id"].as_str().unwrap()),
+    )
+    .await
+    .assert_problem(404, "not_found");
+    let listed = app.get_as(&other, "/v1/charges").await.json();
+    assert_eq!(listed["data"].as_array().unwrap().len(), 0);
+}
+
+#[tokio::test]
+async fn the_same_key_at_two_merchants_makes_two_independent_charges() {
+    let app = spawn_app().await;
+    let other = app.create_merchant("Other").await;
+    let a = app.post_charge("shared-key", &charge_body(500)).await;
+    // Even a different body: the other merchant's key space is its own.
+    let b = app
+        .post_charge_as(&other, "shared-key", &charge_body(777))
+        .await;
+    assert_eq!(a.status, 201);
+    assert_eq!(b.status, 201);
+    assert_eq!(b.header("idempotent-replayed"), None);
+    assert_ne!(a.json()["id"], b.json()["id"]);
+    assert_eq!(b.json()["amount"], 777);
+    assert_eq!(app.charge_rows().await, 2);
+}
+
+#[tokio::test]
+async fn a_missing_or_wrong_api_key_is_401_and_writes_nothing() {
+    let app = spawn_app().await;
+    let body = charge_body(500).into_bytes();
+    let cases: [&[(&str, &str)]; 4] = [
+        &[
+            ("Idempotency-Key", "k"),
+            ("Content-Type", "application/json"),
+        ],
+        &[
+            ("Authorization", "Bearer sk_wrong"),
+            ("Idempotency-Key", "k"),
+            ("Content-Type", "application/json"),
+        ],
+        &[
+            ("Authorization", "Basic dXNlcjpwYXNz"),
+            ("Idempotency-Key", "k"),
+            ("Content-Type", "application/json"),
+        ],
+        &[
+            ("Authorization", "Bearer "),
+            ("Idempotency-Key", "k"),
+            ("Content-Type", "application/json"),
+        ],
+    ];
+    for headers in cases {
+        let reply = app.post_charge_raw(headers, body.clone()).await;
+        reply.assert_problem(401, "unauthenticated");
+        assert_eq!(reply.header("www-authenticate"), Some("Bearer"));
+    }
+    app.get_as("sk_wrong", "/v1/charges")
+        .await
+        .assert_problem(401, "unauthenticated");
+
+    // A revoked key stops working.
+    app.pool
+        .get()
+        .await
+        .unwrap()
+        .execute("UPDATE api_keys SET revoked_at = now()", &[])
+        .await
+        .unwrap();
+    app.post_charge("k", &charge_body(500))
+        .await
+        .assert_problem(401, "unauthenticated");
+    assert_eq!(app.charge_rows().await, 0);
+}
