@@ -1,4 +1,4 @@
-//! The command line: `serve`, `migrate`, `merchant create NAME`.
+//! The command line: `serve`, `migrate`, `merchant create NAME`, `psp-sim`.
 //! Exit codes: 0 success, 1 a runtime failure, 2 bad usage or configuration.
 
 use std::process::ExitCode;
@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::config::Settings;
+use crate::processor::simulator::{self, SimulatorOptions};
 use crate::startup::Application;
 use crate::{db, telemetry};
 
@@ -32,6 +33,9 @@ enum Command {
         #[command(subcommand)]
         command: MerchantCommand,
     },
+    /// Run the payment processor simulator (docs/processor-protocol.md), with
+    /// fault injection, for tests, benchmarks and local stacks.
+    PspSim(SimulatorOptions),
 }
 
 #[derive(Debug, Subcommand)]
@@ -41,15 +45,49 @@ enum MerchantCommand {
 }
 
 pub fn run() -> ExitCode {
-    let cli = Cli::parse();
-    let settings = match Settings::load() {
-        Ok(settings) => settings,
-        Err(error) => {
-            eprintln!("chargeonce: {error}");
-            return ExitCode::from(2);
+    match Cli::parse().command {
+        // The simulator is not chargeonce: it needs none of its configuration.
+        Command::PspSim(options) => {
+            if let Err(message) = options.validate() {
+                eprintln!("chargeonce psp-sim: {message}");
+                return ExitCode::from(2);
+            }
+            telemetry::init(crate::config::LogFormat::Text);
+            block_on(async {
+                simulator::run(options)
+                    .await
+                    .map_err(|e| format!("psp-sim: {e}"))
+            })
         }
-    };
-    telemetry::init(settings.log.format);
+        command => {
+            let settings = match Settings::load() {
+                Ok(settings) => settings,
+                Err(error) => {
+                    eprintln!("chargeonce: {error}");
+                    return ExitCode::from(2);
+                }
+            };
+            telemetry::init(settings.log.format);
+            block_on(async {
+                match command {
+                    Command::Serve => serve(&settings).await,
+                    Command::Migrate => migrate(&settings).await,
+                    Command::Merchant {
+                        command: MerchantCommand::Create { name },
+                    } => create_merchant(&settings, &name).await,
+                    Command::PspSim(_) => unreachable_command(),
+                }
+            })
+        }
+    }
+}
+
+fn unreachable_command() -> Result<(), String> {
+    Err("internal: command dispatched twice".to_owned())
+}
+
+/// Runs `work` on a multi-threaded runtime and maps its result to an exit code.
+fn block_on(work: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -60,16 +98,7 @@ pub fn run() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
-        match cli.command {
-            Command::Serve => serve(&settings).await,
-            Command::Migrate => migrate(&settings).await,
-            Command::Merchant {
-                command: MerchantCommand::Create { name },
-            } => create_merchant(&settings, &name).await,
-        }
-    });
-    match result {
+    match runtime.block_on(work) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             tracing::error!("{message}");

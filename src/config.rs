@@ -29,6 +29,7 @@ pub struct Settings {
     pub http: HttpSettings,
     pub idempotency: IdempotencySettings,
     pub processor: ProcessorSettings,
+    pub recovery: RecoverySettings,
     pub log: LogSettings,
 }
 
@@ -83,6 +84,7 @@ pub struct IdempotencySettings {
 #[serde(rename_all = "lowercase")]
 pub enum ProcessorKind {
     Simulated,
+    Http,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -90,6 +92,16 @@ pub enum ProcessorKind {
 pub struct ProcessorSettings {
     pub kind: ProcessorKind,
     pub latency_ms: u64,
+    pub url: String,
+    pub timeout_ms: u64,
+    pub retries: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecoverySettings {
+    pub interval_ms: u64,
+    pub batch_size: i64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -177,10 +189,38 @@ impl Settings {
         if self.idempotency.lease_ms == 0 {
             return Err(invalid("idempotency.lease_ms", "must be at least 1"));
         }
-        if self.idempotency.lease_ms <= self.processor.latency_ms {
+        if self.processor.kind == ProcessorKind::Http {
+            let url = self.processor.url.as_str();
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(invalid(
+                    "processor.url",
+                    "must be an http:// or https:// URL",
+                ));
+            }
+            if self.processor.timeout_ms == 0 {
+                return Err(invalid("processor.timeout_ms", "must be at least 1"));
+            }
+            if self.processor.retries > 10 {
+                return Err(invalid("processor.retries", "must be at most 10"));
+            }
+        }
+        if self.idempotency.lease() <= self.processor.longest_call() {
             return Err(invalid(
                 "idempotency.lease_ms",
-                "must exceed processor.latency_ms, or a slow call would lose its lease",
+                format!(
+                    "must exceed the longest processor call ({} ms with these processor \
+                     settings), or a slow call would lose its lease",
+                    self.processor.longest_call().as_millis()
+                ),
+            ));
+        }
+        if self.recovery.interval_ms == 0 {
+            return Err(invalid("recovery.interval_ms", "must be at least 1"));
+        }
+        if !(1..=10_000).contains(&self.recovery.batch_size) {
+            return Err(invalid(
+                "recovery.batch_size",
+                "must be between 1 and 10000",
             ));
         }
         if self.idempotency.retention_hours == 0 {
@@ -205,6 +245,28 @@ impl Settings {
 impl DatabaseSettings {
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms)
+    }
+}
+
+impl ProcessorSettings {
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    /// Pause before retry number `attempt` (1-based) of one processor call.
+    pub fn backoff(attempt: u32) -> Duration {
+        Duration::from_millis(50 << attempt.min(6))
+    }
+
+    /// The longest one charge's processor call can take, retries included.
+    pub fn longest_call(&self) -> Duration {
+        match self.kind {
+            ProcessorKind::Simulated => Duration::from_millis(self.latency_ms),
+            ProcessorKind::Http => {
+                let attempts = self.timeout() * (self.retries + 1);
+                (1..=self.retries).map(Self::backoff).sum::<Duration>() + attempts
+            }
+        }
     }
 }
 
@@ -281,6 +343,32 @@ mod tests {
                 "{var}={value}: `{error}` does not name {key}"
             );
         }
+    }
+
+    #[test]
+    fn the_lease_must_outlast_the_processor_call_with_its_retries() {
+        let http = [
+            ("CHARGEONCE__PROCESSOR__KIND", "http"),
+            ("CHARGEONCE__PROCESSOR__TIMEOUT_MS", "1000"),
+            ("CHARGEONCE__PROCESSOR__RETRIES", "2"),
+        ];
+        // 3 attempts of 1 s plus 100 + 200 ms of backoff.
+        let ok = [
+            http.as_slice(),
+            &[("CHARGEONCE__IDEMPOTENCY__LEASE_MS", "3301")],
+        ]
+        .concat();
+        assert!(load(&ok).is_ok());
+        let short = [
+            http.as_slice(),
+            &[("CHARGEONCE__IDEMPOTENCY__LEASE_MS", "3300")],
+        ]
+        .concat();
+        let error = load(&short).expect_err("lease too short").to_string();
+        assert!(
+            error.contains("idempotency.lease_ms") && error.contains("3300"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -21,6 +21,8 @@ use crate::{http, workers};
 pub enum StartupError {
     #[error(transparent)]
     Database(#[from] DbError),
+    #[error("processor client: {0}")]
+    Processor(#[from] reqwest::Error),
     #[error("cannot listen on {address}: {source}")]
     Bind {
         address: String,
@@ -38,7 +40,8 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: &Settings) -> Result<Self, StartupError> {
-        Self::build_with_processor(settings, processor::from_settings(&settings.processor)).await
+        let processor = processor::from_settings(&settings.processor)?;
+        Self::build_with_processor(settings, processor).await
     }
 
     /// Like `build`, with a processor chosen by the caller (tests keep a
@@ -67,9 +70,10 @@ impl Application {
             lease: settings.idempotency.lease(),
             max_body_bytes: settings.http.max_body_bytes,
         });
+        let http_state = state.clone();
         let mut server = HttpServer::new(move || {
             App::new()
-                .app_data(state.clone())
+                .app_data(http_state.clone())
                 .wrap_fn(http::request_log)
                 .configure(http::configure)
         })
@@ -81,11 +85,18 @@ impl Application {
         let server = server.listen(listener).map_err(bind_error)?.run();
 
         let stop = CancellationToken::new();
-        let background = vec![tokio::spawn(workers::sweeper::run(
-            pool.clone(),
-            settings.idempotency.clone(),
-            stop.clone(),
-        ))];
+        let background = vec![
+            tokio::spawn(workers::sweeper::run(
+                pool.clone(),
+                settings.idempotency.clone(),
+                stop.clone(),
+            )),
+            tokio::spawn(workers::recovery::run(
+                state,
+                settings.recovery.clone(),
+                stop.clone(),
+            )),
+        ];
         tracing::info!(%address, port, "chargeonce listening");
         Ok(Self {
             port,

@@ -167,6 +167,31 @@ pub async fn take_expired_lease(
     row.as_ref().map(charge_from_row).transpose()
 }
 
+/// Claims up to `batch` pending charges whose lease ran out, taking a fresh
+/// lease on each, for the recovery worker. SKIP LOCKED lets several instances
+/// claim at once without waiting on, or claiming, each other's rows; the
+/// outer condition repeats the test so a row finished meanwhile is skipped.
+pub async fn claim_abandoned(
+    client: &impl GenericClient,
+    lease: Duration,
+    batch: i64,
+) -> Result<Vec<Charge>, Error> {
+    let sql = format!(
+        "UPDATE charges SET locked_until = now() + $1::bigint * interval '1 millisecond', \
+                            updated_at = now() \
+          WHERE id IN (SELECT id FROM charges \
+                        WHERE status = 'pending' AND locked_until <= now() \
+                        ORDER BY locked_until LIMIT $2 FOR UPDATE SKIP LOCKED) \
+            AND status = 'pending' AND locked_until <= now() \
+          RETURNING {COLUMNS}"
+    );
+    let statement = client.prepare_cached(&sql).await?;
+    let rows = client
+        .query(&statement, &[&lease_ms(lease), &batch])
+        .await?;
+    rows.iter().map(charge_from_row).collect()
+}
+
 /// Ends our lease early after an unknown processor outcome, so the next retry
 /// can ask the processor again at once. Only our own lease (matched by its
 /// exact expiry) is released, never one another request took over since.

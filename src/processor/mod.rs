@@ -2,7 +2,9 @@
 //! outside any database transaction, so every call carries the charge's own
 //! stable idempotency key and the processor deduplicates on it.
 
+pub mod http;
 pub mod simulated;
+pub mod simulator;
 
 use std::sync::Arc;
 
@@ -11,6 +13,7 @@ use async_trait::async_trait;
 use crate::config::{ProcessorKind, ProcessorSettings};
 use crate::domain::Outcome;
 
+pub use http::HttpProcessor;
 pub use simulated::SimulatedProcessor;
 
 /// What a processor is asked to do. `idempotency_key` is the same on every
@@ -39,10 +42,24 @@ pub trait PaymentProcessor: Send + Sync + 'static {
 }
 
 /// The processor the settings ask for.
-pub fn from_settings(settings: &ProcessorSettings) -> Arc<dyn PaymentProcessor> {
-    match settings.kind {
+pub fn from_settings(
+    settings: &ProcessorSettings,
+) -> Result<Arc<dyn PaymentProcessor>, reqwest::Error> {
+    Ok(match settings.kind {
         ProcessorKind::Simulated => Arc::new(SimulatedProcessor::new(
             std::time::Duration::from_millis(settings.latency_ms),
         )),
+        ProcessorKind::Http => Arc::new(HttpProcessor::new(settings)?),
+    })
+}
+
+/// The deterministic decline rules shared by the simulated processor and the
+/// processor simulator: by the amount's last two digits, `02` is
+/// `card_declined` and `05` is `insufficient_funds`.
+pub fn simulated_decline(amount: i64) -> Option<(&'static str, &'static str)> {
+    match amount % 100 {
+        2 => Some(("card_declined", "The card was declined.")),
+        5 => Some(("insufficient_funds", "The card has insufficient funds.")),
+        _ => None,
     }
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sha2::{Digest, Sha256};
 
-use super::{PaymentProcessor, PaymentRequest, ProcessorReply};
+use super::{simulated_decline, PaymentProcessor, PaymentRequest, ProcessorReply};
 use crate::domain::Outcome;
 
 pub struct SimulatedProcessor {
@@ -66,21 +66,19 @@ impl PaymentProcessor for SimulatedProcessor {
         }
         self.calls.fetch_add(1, Ordering::SeqCst);
         let payment_id = Self::payment_id(request.idempotency_key);
-        let declined = |code: &str, message: &str| {
-            ProcessorReply::Final(Outcome::Declined {
-                payment_id: Some(payment_id.clone()),
+        if let Some((code, message)) = simulated_decline(request.amount) {
+            return ProcessorReply::Final(Outcome::Declined {
+                payment_id: Some(payment_id),
                 code: code.to_owned(),
                 message: message.to_owned(),
-            })
-        };
-        match request.amount % 100 {
-            2 => declined("card_declined", "The card was declined."),
-            5 => declined("insufficient_funds", "The card has insufficient funds."),
-            9 if self.first_call_for(request.idempotency_key) => ProcessorReply::Unknown {
-                reason: "simulated processor timeout".to_owned(),
-            },
-            _ => ProcessorReply::Final(Outcome::Succeeded { payment_id }),
+            });
         }
+        if request.amount % 100 == 9 && self.first_call_for(request.idempotency_key) {
+            return ProcessorReply::Unknown {
+                reason: "simulated processor timeout".to_owned(),
+            };
+        }
+        ProcessorReply::Final(Outcome::Succeeded { payment_id })
     }
 }
 

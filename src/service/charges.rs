@@ -13,11 +13,11 @@
 
 use actix_web::web;
 
-use crate::db;
 use crate::domain::{Charge, ChargeStatus, Fingerprint, IdempotencyKey, MerchantId, NewCharge};
 use crate::error::ApiError;
 use crate::processor::{PaymentRequest, ProcessorReply};
 use crate::state::AppState;
+use crate::{crash, db};
 
 /// What a client is told to wait before retrying a key that is in flight.
 /// Requests normally finish in milliseconds, so a second is a fair hint even
@@ -110,7 +110,37 @@ async fn process(
         .map_err(|e| ApiError::Internal(format!("charge task failed: {e}")))?
 }
 
+/// Finishes abandoned charges (pending, lease run out) through the same path
+/// a request takes; returns how many it claimed. Used by the recovery worker.
+pub async fn recover_abandoned(state: &AppState, batch: i64) -> Result<usize, ApiError> {
+    let claimed = {
+        let client = state.pool.get().await?;
+        db::charges::claim_abandoned(&client, state.lease, batch).await?
+    };
+    let count = claimed.len();
+    let results = futures_util::future::join_all(
+        claimed
+            .into_iter()
+            .map(|charge| call_processor_and_record(state, charge)),
+    )
+    .await;
+    for result in results {
+        match result {
+            Ok(charge) if charge.status == ChargeStatus::Pending => {
+                tracing::info!(charge = %charge.id, "still pending after recovery attempt")
+            }
+            Ok(charge) => {
+                tracing::info!(charge = %charge.id, status = charge.status.as_str(), "recovered")
+            }
+            Err(error) => tracing::warn!(%error, "recovery attempt failed"),
+        }
+    }
+    Ok(count)
+}
+
+/// Steps 2 and 3, for a charge whose lease the caller holds.
 async fn call_processor_and_record(state: &AppState, charge: Charge) -> Result<Charge, ApiError> {
+    crash::point("after_pending_commit");
     let processor_key = charge.id.processor_idempotency_key();
     let reply = state
         .processor
@@ -122,6 +152,7 @@ async fn call_processor_and_record(state: &AppState, charge: Charge) -> Result<C
             description: charge.description.as_deref(),
         })
         .await;
+    crash::point("after_processor_reply");
     let client = state.pool.get().await?;
     let recorded = match reply {
         ProcessorReply::Final(outcome) => {
@@ -136,7 +167,10 @@ async fn call_processor_and_record(state: &AppState, charge: Charge) -> Result<C
         }
     };
     match recorded {
-        Some(charge) => Ok(charge),
+        Some(charge) => {
+            crash::point("after_outcome_commit");
+            Ok(charge)
+        }
         // Another request recorded the outcome (or took the lease) first.
         None => db::charges::find(&client, charge.merchant_id, charge.id)
             .await?

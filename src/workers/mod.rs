@@ -1,4 +1,5 @@
 //! Background work inside `serve`. Every worker runs until the shared
 //! cancellation token fires, which happens once the HTTP server has drained.
 
+pub mod recovery;
 pub mod sweeper;

@@ -1,56 +1,11 @@
 //! The real `chargeonce` binary: CLI, configuration errors, migrations from
 //! several processes at once, start-up and graceful shutdown on SIGTERM.
 
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use tokio_postgres::NoTls;
 
-use crate::helpers::{create_database, drop_database};
-
-const BIN: &str = env!("CARGO_BIN_EXE_chargeonce");
-
-/// The binary with a clean environment: only what the test sets.
-fn chargeonce(database_url: &str) -> Command {
-    let mut command = Command::new(BIN);
-    command
-        .env_clear()
-        .env("DATABASE_URL", database_url)
-        .env("RUST_LOG", "warn")
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    command
-}
-
-async fn run(mut command: Command) -> Output {
-    tokio::task::spawn_blocking(move || command.output().expect("run chargeonce"))
-        .await
-        .unwrap()
-}
-
-struct Database {
-    name: String,
-    url: String,
-}
-
-impl Database {
-    async fn new() -> Self {
-        let (name, url) = create_database().await;
-        Self { name, url }
-    }
-
-    async fn client(&self) -> tokio_postgres::Client {
-        let (client, connection) = tokio_postgres::connect(&self.url, NoTls).await.unwrap();
-        tokio::spawn(connection);
-        client
-    }
-}
-
-impl Drop for Database {
-    fn drop(&mut self) {
-        drop_database(&self.name);
-    }
-}
+use crate::processes::{chargeonce, run, start_service, Database};
 
 #[tokio::test]
 async fn merchant_create_prints_only_the_secret_and_stores_only_its_digest() {
@@ -152,101 +107,53 @@ async fn migrations_are_safe_when_several_instances_start_at_once() {
         .expect("schema exists");
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test]
 async fn serve_drains_in_flight_requests_on_sigterm() {
     let db = Database::new().await;
-    let mut create = chargeonce(&db.url);
-    create.args(["merchant", "create", "Shop"]);
-    let secret = String::from_utf8(run(create).await.stdout)
-        .unwrap()
-        .trim()
-        .to_owned();
-
-    let port = free_port();
-    let mut server = chargeonce(&db.url)
-        .env("CHARGEONCE__SERVER__PORT", port.to_string())
-        .env("CHARGEONCE__PROCESSOR__LATENCY_MS", "1500")
-        .arg("serve")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let base = format!("http://127.0.0.1:{port}");
+    let secret = db.create_merchant().await;
+    let mut server = start_service(
+        &db.url,
+        &[("CHARGEONCE__PROCESSOR__LATENCY_MS", "1500".to_owned())],
+    )
+    .await;
     let http = reqwest::Client::new();
 
-    let started = Instant::now();
-    loop {
-        if let Ok(reply) = http.get(format!("{base}/readyz")).send().await {
-            if reply.status() == 200 {
-                break;
-            }
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "never became ready"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-
     let in_flight = tokio::spawn({
-        let http = http.clone();
-        let url = format!("{base}/v1/charges");
-        async move {
-            http.post(url)
-                .bearer_auth(secret)
-                .header("Idempotency-Key", "drain-me")
-                .header("Content-Type", "application/json")
-                .body(r#"{"amount":1000,"currency":"USD"}"#)
-                .send()
-                .await
-        }
+        let request = http
+            .post(format!("{}/v1/charges", server.url))
+            .bearer_auth(secret)
+            .header("Idempotency-Key", "drain-me")
+            .header("Content-Type", "application/json")
+            .body(r#"{"amount":1000,"currency":"USD"}"#);
+        async move { request.send().await }
     });
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let pid = server.id().to_string();
-    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    assert!(killed.success());
+    server.signal("-TERM");
 
     let reply = in_flight
         .await
         .unwrap()
         .expect("the in-flight request is answered");
     assert_eq!(reply.status(), 201);
-
-    let exit = tokio::task::spawn_blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = server.try_wait().unwrap() {
-                return Some(status);
-            }
-            if Instant::now() > deadline {
-                let _ = server.kill();
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    })
-    .await
-    .unwrap()
-    .expect("the server exits after draining");
+    let exit = server
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("the server exits after draining");
     assert!(exit.success(), "exit status {exit:?}");
 
-    let client = db.client().await;
-    let status: String = client
+    let status: String = db
+        .client()
+        .await
         .query_one("SELECT status FROM charges", &[])
         .await
         .unwrap()
         .get(0);
     assert_eq!(status, "succeeded");
     assert!(
-        http.get(format!("{base}/healthz")).send().await.is_err(),
+        http.get(format!("{}/healthz", server.url))
+            .send()
+            .await
+            .is_err(),
         "no longer listening"
     );
 }

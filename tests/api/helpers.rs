@@ -8,8 +8,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use chargeonce::config::Settings;
-use chargeonce::processor::SimulatedProcessor;
+use chargeonce::config::{ProcessorKind, Settings};
+use chargeonce::processor::{PaymentProcessor, SimulatedProcessor};
 use chargeonce::startup::Application;
 use deadpool_postgres::Pool;
 use reqwest::header::HeaderMap;
@@ -184,10 +184,16 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     let (database_name, database_url) = create_database().await;
     let mut settings = test_settings(&database_url);
     adjust(&mut settings);
+    // The simulated processor is built here so tests can count its calls;
+    // other kinds come from the settings as in production.
     let processor = Arc::new(SimulatedProcessor::new(Duration::from_millis(
         settings.processor.latency_ms,
     )));
-    let app = Application::build_with_processor(&settings, processor.clone())
+    let chosen: Arc<dyn PaymentProcessor> = match settings.processor.kind {
+        ProcessorKind::Simulated => processor.clone(),
+        _ => chargeonce::processor::from_settings(&settings.processor).expect("processor"),
+    };
+    let app = Application::build_with_processor(&settings, chosen)
         .await
         .expect("build application");
     let address = format!("http://127.0.0.1:{}", app.port());

@@ -6,6 +6,8 @@ mod binary;
 mod charges;
 mod concurrency;
 mod helpers;
+mod processes;
+mod recovery;
 mod retention;
 mod tenancy;
 mod unavailable;

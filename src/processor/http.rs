@@ -1,0 +1,149 @@
+//! The client for a processor that speaks docs/processor-protocol.md. Each
+//! attempt is bounded by `processor.timeout_ms`; a timeout, a dropped
+//! connection, an unreadable answer or a 5xx is retried `processor.retries`
+//! times with the same idempotency key, after which the outcome is unknown
+//! and the charge stays pending.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use super::{PaymentProcessor, PaymentRequest, ProcessorReply};
+use crate::config::ProcessorSettings;
+use crate::domain::Outcome;
+
+pub struct HttpProcessor {
+    client: reqwest::Client,
+    endpoint: String,
+    retries: u32,
+}
+
+/// The request body of `POST /v1/payments`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PaymentBody {
+    pub amount: i64,
+    pub currency: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub customer: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// The processor's answer for a payment (201 or 402).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PaymentAnswer {
+    pub id: String,
+    pub status: String,
+    pub amount: i64,
+    pub currency: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decline_code: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Why one attempt gave no final answer; `retry` says whether repeating it
+/// may help.
+struct Failed {
+    reason: String,
+    retry: bool,
+}
+
+impl HttpProcessor {
+    pub fn new(settings: &ProcessorSettings) -> Result<Self, reqwest::Error> {
+        let timeout = settings.timeout();
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(std::time::Duration::from_secs(2)))
+            .pool_idle_timeout(std::time::Duration::from_secs(30))
+            .build()?;
+        Ok(Self {
+            client,
+            endpoint: format!("{}/v1/payments", settings.url.trim_end_matches('/')),
+            retries: settings.retries,
+        })
+    }
+
+    async fn attempt(&self, request: &PaymentRequest<'_>) -> Result<ProcessorReply, Failed> {
+        let body = PaymentBody {
+            amount: request.amount,
+            currency: request.currency.to_owned(),
+            customer: request.customer.map(str::to_owned),
+            description: request.description.map(str::to_owned),
+        };
+        let lost = |e: reqwest::Error| Failed {
+            reason: format!("no answer from the processor: {e}"),
+            retry: true,
+        };
+        let response = self
+            .client
+            .post(&self.endpoint)
+            .header("Idempotency-Key", request.idempotency_key)
+            .json(&body)
+            .send()
+            .await
+            .map_err(lost)?;
+        let status = response.status();
+        // Read the whole answer: a connection dropped mid-body is no answer.
+        let bytes = response.bytes().await.map_err(lost)?;
+        if status.is_server_error() || status.as_u16() == 429 {
+            return Err(Failed {
+                reason: format!("processor answered {status}"),
+                retry: true,
+            });
+        }
+        let answer = match status.as_u16() {
+            200 | 201 | 402 => {
+                serde_json::from_slice::<PaymentAnswer>(&bytes).map_err(|e| Failed {
+                    reason: format!("unreadable processor answer ({status}): {e}"),
+                    retry: true,
+                })?
+            }
+            _ => {
+                // 4xx other than 402: the request itself is wrong. Repeating
+                // it will not help; leave the charge pending and shout.
+                let reason = format!(
+                    "processor rejected the request with {status}: {}",
+                    String::from_utf8_lossy(&bytes)
+                );
+                tracing::error!(%reason, "processor protocol error");
+                return Ok(ProcessorReply::Unknown { reason });
+            }
+        };
+        Ok(match answer.status.as_str() {
+            "succeeded" => ProcessorReply::Final(Outcome::Succeeded {
+                payment_id: answer.id,
+            }),
+            _ => ProcessorReply::Final(Outcome::Declined {
+                payment_id: Some(answer.id),
+                code: answer
+                    .decline_code
+                    .unwrap_or_else(|| "card_declined".to_owned()),
+                message: answer
+                    .message
+                    .unwrap_or_else(|| "The payment was declined.".to_owned()),
+            }),
+        })
+    }
+}
+
+#[async_trait]
+impl PaymentProcessor for HttpProcessor {
+    async fn charge(&self, request: &PaymentRequest<'_>) -> ProcessorReply {
+        let mut attempt = 0;
+        loop {
+            match self.attempt(request).await {
+                Ok(reply) => return reply,
+                Err(failed) if failed.retry && attempt < self.retries => {
+                    attempt += 1;
+                    tracing::info!(key = request.idempotency_key, attempt, reason = %failed.reason, "retrying processor call");
+                    tokio::time::sleep(ProcessorSettings::backoff(attempt)).await;
+                }
+                Err(failed) => {
+                    return ProcessorReply::Unknown {
+                        reason: failed.reason,
+                    }
+                }
+            }
+        }
+    }
+}

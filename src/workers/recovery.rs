@@ -1,0 +1,35 @@
+//! The recovery worker: every `recovery.interval_ms` it claims pending charges
+//! whose lease ran out (the request that owned them died, or got no answer
+//! from the processor) and finishes them through the request path, with the
+//! same downstream key. So every accepted charge reaches a final state
+//! without any help from the client.
+
+use std::time::Duration;
+
+use actix_web::web;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::RecoverySettings;
+use crate::service::charges::recover_abandoned;
+use crate::state::AppState;
+
+pub async fn run(state: web::Data<AppState>, settings: RecoverySettings, stop: CancellationToken) {
+    let interval = Duration::from_millis(settings.interval_ms);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+        // A full batch suggests a backlog: go again at once.
+        loop {
+            match recover_abandoned(&state, settings.batch_size).await {
+                Ok(claimed) if claimed as i64 >= settings.batch_size && !stop.is_cancelled() => {}
+                Ok(_) => break,
+                Err(error) => {
+                    tracing::warn!(%error, "recovery round failed; will retry");
+                    break;
+                }
+            }
+        }
+    }
+}
