@@ -6,7 +6,6 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{self, StreamExt};
-use serde_json::Value;
 
 use crate::helpers::{charge_body, spawn_app_with, Reply};
 use crate::processes::{http_processor_env, psp_payments, start_psp_sim, start_service, Database};
@@ -50,41 +49,43 @@ async fn charge_until_final(
     }
 }
 
-/// The charge JSON without what differs between two charges (id, time).
-fn comparable(reply: &Reply) -> Value {
-    let mut charge = reply.json();
-    if charge["object"] != "charge" {
-        charge = charge["charge"].clone();
-    }
-    let object = charge.as_object_mut().unwrap();
-    object.remove("id");
-    object.remove("created_at");
-    charge
-}
-
-async fn wait_until_final(db: &Database) {
-    let client = db.client().await;
-    let started = Instant::now();
-    loop {
-        let pending: i64 = client
-            .query_one("SELECT count(*) FROM charges WHERE status = 'pending'", &[])
-            .await
-            .unwrap()
-            .get(0);
-        if pending == 0 {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "charges stayed pending"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[cfg(feature = "crash-points")]
 mod crash_points {
+    use serde_json::Value;
+
     use super::*;
+
+    /// The charge JSON without what differs between two charges (id, time).
+    fn comparable(reply: &Reply) -> Value {
+        let mut charge = reply.json();
+        if charge["object"] != "charge" {
+            charge = charge["charge"].clone();
+        }
+        let object = charge.as_object_mut().unwrap();
+        object.remove("id");
+        object.remove("created_at");
+        charge
+    }
+
+    async fn wait_until_final(db: &Database) {
+        let client = db.client().await;
+        let started = Instant::now();
+        loop {
+            let pending: i64 = client
+                .query_one("SELECT count(*) FROM charges WHERE status = 'pending'", &[])
+                .await
+                .unwrap()
+                .get(0);
+            if pending == 0 {
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "charges stayed pending"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 
     /// Kills a real service at `point` while it handles one charge, restarts
     /// it, and lets the client retry (`client_retries`) or only the recovery
