@@ -30,7 +30,14 @@ pub struct Settings {
     pub idempotency: IdempotencySettings,
     pub processor: ProcessorSettings,
     pub recovery: RecoverySettings,
+    pub auth: AuthSettings,
     pub log: LogSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSettings {
+    pub cache_ttl_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -75,6 +82,7 @@ pub struct HttpSettings {
 #[serde(deny_unknown_fields)]
 pub struct IdempotencySettings {
     pub lease_ms: u64,
+    pub in_flight_wait_ms: u64,
     pub retention_hours: u64,
     pub sweep_interval_ms: u64,
     pub sweep_batch_size: i64,
@@ -221,6 +229,18 @@ impl Settings {
             return Err(invalid(
                 "recovery.batch_size",
                 "must be between 1 and 10000",
+            ));
+        }
+        if self.idempotency.in_flight_wait_ms > 10_000 {
+            return Err(invalid(
+                "idempotency.in_flight_wait_ms",
+                "must be at most 10000",
+            ));
+        }
+        if self.auth.cache_ttl_ms > 3_600_000 {
+            return Err(invalid(
+                "auth.cache_ttl_ms",
+                "must be at most 3600000 (one hour)",
             ));
         }
         if self.idempotency.retention_hours == 0 {

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Settings;
 use crate::db::{self, DbError};
 use crate::processor::{self, PaymentProcessor};
+use crate::service::api_keys::ApiKeyCache;
 use crate::state::AppState;
 use crate::{http, workers};
 
@@ -68,7 +69,9 @@ impl Application {
             pool: pool.clone(),
             processor,
             lease: settings.idempotency.lease(),
+            in_flight_wait: Duration::from_millis(settings.idempotency.in_flight_wait_ms),
             max_body_bytes: settings.http.max_body_bytes,
+            api_keys: ApiKeyCache::new(Duration::from_millis(settings.auth.cache_ttl_ms)),
         });
         let http_state = state.clone();
         let mut server = HttpServer::new(move || {

@@ -147,24 +147,32 @@ pub async fn list(
 }
 
 /// Takes over the lease of a pending charge whose lease has run out (its
-/// worker died or gave up). Row locking makes this a single winner: a second
-/// taker waits for the first, re-checks `locked_until`, and matches nothing.
-pub async fn take_expired_lease(
+/// owner died or got no answer), or else reads the charge as it is. Row
+/// locking makes the takeover a single winner: a second taker waits for the
+/// first, re-checks `locked_until`, and matches nothing. Returns the charge and
+/// whether the lease is now ours.
+pub async fn take_over_or_read(
     client: &impl GenericClient,
     id: ChargeId,
     lease: Duration,
-) -> Result<Option<Charge>, Error> {
+) -> Result<Option<(Charge, bool)>, Error> {
     let sql = format!(
-        "UPDATE charges SET locked_until = now() + $2::bigint * interval '1 millisecond', \
-                            updated_at = now() \
-          WHERE id = $1 AND status = 'pending' AND locked_until <= now() \
-          RETURNING {COLUMNS}"
+        "WITH taken AS ( \
+             UPDATE charges SET locked_until = now() + $2::bigint * interval '1 millisecond', \
+                                updated_at = now() \
+              WHERE id = $1 AND status = 'pending' AND locked_until <= now() \
+              RETURNING {COLUMNS}) \
+         SELECT {COLUMNS}, true FROM taken \
+         UNION ALL \
+         SELECT {COLUMNS}, false FROM charges \
+          WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
     );
     let statement = client.prepare_cached(&sql).await?;
     let row = client
         .query_opt(&statement, &[id.as_uuid(), &lease_ms(lease)])
         .await?;
-    row.as_ref().map(charge_from_row).transpose()
+    row.map(|row| Ok((charge_from_row(&row)?, row.try_get(13)?)))
+        .transpose()
 }
 
 /// Claims up to `batch` pending charges whose lease ran out, taking a fresh

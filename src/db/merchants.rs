@@ -30,19 +30,17 @@ pub async fn create(
     Ok((id, key))
 }
 
-/// The merchant an unrevoked API key belongs to.
-pub async fn find_by_api_key(
+/// The merchant whose unrevoked API key has this digest.
+pub async fn find_by_digest(
     client: &impl GenericClient,
-    key: &ApiKey,
+    digest: &[u8; 32],
 ) -> Result<Option<MerchantId>, Error> {
     let statement = client
         .prepare_cached(
             "SELECT merchant_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
         )
         .await?;
-    let row = client
-        .query_opt(&statement, &[&key.digest().as_slice()])
-        .await?;
+    let row = client.query_opt(&statement, &[&digest.as_slice()]).await?;
     row.map(|row| row.try_get(0).map(MerchantId::from_uuid))
         .transpose()
 }

@@ -8,9 +8,9 @@ use std::pin::Pin;
 use actix_web::http::header::AUTHORIZATION;
 use actix_web::{dev::Payload, web, FromRequest, HttpRequest};
 
-use crate::db;
 use crate::domain::{ApiKey, MerchantId};
 use crate::error::ApiError;
+use crate::service::api_keys::authenticate;
 use crate::state::AppState;
 
 pub struct AuthenticatedMerchant(pub MerchantId);
@@ -25,8 +25,7 @@ impl FromRequest for AuthenticatedMerchant {
         Box::pin(async move {
             let key = secret.ok_or(ApiError::Unauthenticated)?;
             let state = state.ok_or_else(|| ApiError::Internal("no app state".to_owned()))?;
-            let client = state.pool.get().await?;
-            db::merchants::find_by_api_key(&client, &key)
+            authenticate(&state, &key)
                 .await?
                 .map(AuthenticatedMerchant)
                 .ok_or(ApiError::Unauthenticated)

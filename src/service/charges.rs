@@ -11,6 +11,8 @@
 //! or got no answer) takes the lease over and repeats step 2 with the same
 //! downstream key; the processor answers as it did the first time.
 
+use std::time::{Duration, Instant};
+
 use actix_web::web;
 
 use crate::domain::{Charge, ChargeStatus, Fingerprint, IdempotencyKey, MerchantId, NewCharge};
@@ -23,6 +25,9 @@ use crate::{crash, db};
 /// Requests normally finish in milliseconds, so a second is a fair hint even
 /// though the lease itself may run longer.
 pub const IN_USE_RETRY_AFTER_SECS: u64 = 1;
+
+/// Longest pause between two looks at a charge in flight elsewhere.
+const MAX_IN_FLIGHT_POLL: Duration = Duration::from_millis(20);
 
 /// A charge to answer with. `replayed` is true when the key already existed,
 /// so the answer belongs to an earlier request.
@@ -71,26 +76,37 @@ pub async fn create(
     resume(state, charge).await
 }
 
-/// A pending charge found by a retry: take it over if its lease ran out,
-/// otherwise it is in flight elsewhere.
+/// A pending charge found by a retry or a concurrent duplicate. If its lease
+/// ran out, take it over and finish it. If it is in flight elsewhere, wait up
+/// to `in_flight_wait` for that request to finish and answer with its result;
+/// only then give up with 409.
 async fn resume(state: web::Data<AppState>, charge: Charge) -> Result<ChargeReply, ApiError> {
-    let client = state.pool.get().await?;
-    if let Some(taken) = db::charges::take_expired_lease(&client, charge.id, state.lease).await? {
-        drop(client);
-        return process(state, taken, true).await;
-    }
-    // Someone holds the lease, or finished just now.
-    let current = db::charges::find(&client, charge.merchant_id, charge.id)
-        .await?
-        .ok_or(ApiError::NotFound)?;
-    match current.status {
-        ChargeStatus::Pending => Err(ApiError::IdempotencyKeyInUse {
-            retry_after_secs: IN_USE_RETRY_AFTER_SECS,
-        }),
-        _ => Ok(ChargeReply {
-            charge: current,
-            replayed: true,
-        }),
+    let deadline = Instant::now() + state.in_flight_wait;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let (current, taken) = {
+            let client = state.pool.get().await?;
+            db::charges::take_over_or_read(&client, charge.id, state.lease)
+                .await?
+                .ok_or(ApiError::NotFound)?
+        };
+        if taken {
+            return process(state, current, true).await;
+        }
+        if current.status != ChargeStatus::Pending {
+            return Ok(ChargeReply {
+                charge: current,
+                replayed: true,
+            });
+        }
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if remaining.is_zero() {
+            return Err(ApiError::IdempotencyKeyInUse {
+                retry_after_secs: IN_USE_RETRY_AFTER_SECS,
+            });
+        }
+        tokio::time::sleep(pause.min(remaining)).await;
+        pause = (pause * 2).min(MAX_IN_FLIGHT_POLL);
     }
 }
 

@@ -1,10 +1,10 @@
 //! The status table of POST /v1/charges, replays, reads and lists.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::helpers::{charge_body, spawn_app, spawn_app_with};
+use crate::helpers::{charge_body, spawn_app, spawn_app_with, TestApp};
 
 #[tokio::test]
 async fn a_new_charge_succeeds_with_201_and_the_charge() {
@@ -168,17 +168,21 @@ async fn an_unknown_outcome_is_202_pending_and_a_retry_finishes_it() {
     assert_eq!(app.charge_rows().await, 1);
 }
 
-#[tokio::test]
-async fn a_key_in_flight_gets_409_with_retry_after() {
-    let app = spawn_app_with(|s| s.processor.latency_ms = 1500).await;
+/// Sends one charge in the background and returns once its pending row is
+/// committed, so the caller's next request finds the key in flight.
+async fn start_in_background(
+    app: &TestApp,
+    key: &str,
+) -> tokio::task::JoinHandle<reqwest::Response> {
     let first = {
         let app_address = app.address.clone();
-        let key = app.api_key.clone();
+        let api_key = app.api_key.clone();
+        let key = key.to_owned();
         tokio::spawn(async move {
             reqwest::Client::new()
                 .post(format!("{app_address}/v1/charges"))
-                .bearer_auth(key)
-                .header("Idempotency-Key", "busy")
+                .bearer_auth(api_key)
+                .header("Idempotency-Key", key)
                 .header("Content-Type", "application/json")
                 .body(r#"{"amount":1000,"currency":"USD"}"#)
                 .send()
@@ -186,18 +190,52 @@ async fn a_key_in_flight_gets_409_with_retry_after() {
                 .unwrap()
         })
     };
-    // Wait until the first request has committed its pending row.
     let mut waited = Duration::ZERO;
     while app.charge_rows().await == 0 {
         assert!(
             waited < Duration::from_secs(5),
             "first request never inserted"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        waited += Duration::from_millis(20);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        waited += Duration::from_millis(5);
     }
+    first
+}
+
+#[tokio::test]
+async fn a_concurrent_duplicate_waits_for_the_first_and_gets_its_answer() {
+    let app = spawn_app_with(|s| {
+        s.processor.latency_ms = 300;
+        s.idempotency.in_flight_wait_ms = 3000;
+    })
+    .await;
+    let first = start_in_background(&app, "double-click").await;
+    let started = Instant::now();
+    let second = app.post_charge("double-click", &charge_body(1000)).await;
+    assert_eq!(second.status, 201, "{}", second.body);
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(second.header("idempotent-replayed"), Some("true"));
+    let first = first.await.unwrap();
+    assert_eq!(first.status(), 201);
+    assert_eq!(first.text().await.unwrap(), second.body);
+    assert_eq!(app.processor.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_key_still_in_flight_after_the_wait_gets_409_with_retry_after() {
+    let app = spawn_app_with(|s| {
+        s.processor.latency_ms = 1500;
+        s.idempotency.in_flight_wait_ms = 100;
+    })
+    .await;
+    let first = start_in_background(&app, "busy").await;
+    let started = Instant::now();
     let second = app.post_charge("busy", &charge_body(1000)).await;
     second.assert_problem(409, "idempotency_key_in_use");
+    assert!(
+        started.elapsed() >= Duration::from_millis(100),
+        "waited first"
+    );
     let retry_after: u64 = second.header("retry-after").unwrap().parse().unwrap();
     assert!(retry_after >= 1);
 

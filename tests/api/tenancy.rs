@@ -1,6 +1,8 @@
 //! Every resource belongs to one merchant; keys are scoped per merchant.
 
-use crate::helpers::{charge_body, spawn_app};
+use std::time::{Duration, Instant};
+
+use crate::helpers::{charge_body, spawn_app, spawn_app_with};
 
 #[tokio::test]
 async fn another_merchants_charge_is_404_and_not_listed() {
