@@ -71,7 +71,13 @@ async fn a_missing_or_wrong_api_key_is_401_and_writes_nothing() {
         .await
         .assert_problem(401, "unauthenticated");
 
-    // A revoked key stops working.
+    assert_eq!(app.charge_rows().await, 0);
+}
+
+#[tokio::test]
+async fn a_revoked_key_stops_working_within_the_cache_ttl() {
+    let app = spawn_app_with(|s| s.auth.cache_ttl_ms = 300).await;
+    assert_eq!(app.get("/v1/charges").await.status, 200);
     app.pool
         .get()
         .await
@@ -79,6 +85,19 @@ async fn a_missing_or_wrong_api_key_is_401_and_writes_nothing() {
         .execute("UPDATE api_keys SET revoked_at = now()", &[])
         .await
         .unwrap();
+    let revoked = Instant::now();
+    loop {
+        let reply = app.get("/v1/charges").await;
+        if reply.status == 401 {
+            break;
+        }
+        assert_eq!(reply.status, 200);
+        assert!(
+            revoked.elapsed() < Duration::from_millis(300 + 500),
+            "still accepted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     app.post_charge("k", &charge_body(500))
         .await
         .assert_problem(401, "unauthenticated");
