@@ -23,6 +23,16 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    #[command(flatten)]
+    Service(ServiceCommand),
+    /// Run the payment processor simulator (docs/processor-protocol.md), with
+    /// fault injection, for tests, benchmarks and local stacks.
+    PspSim(SimulatorOptions),
+}
+
+/// The commands that run on chargeonce's configuration.
+#[derive(Debug, Subcommand)]
+enum ServiceCommand {
     /// Run the HTTP service (applies migrations first unless
     /// database.migrate_on_start is false).
     Serve,
@@ -33,9 +43,6 @@ enum Command {
         #[command(subcommand)]
         command: MerchantCommand,
     },
-    /// Run the payment processor simulator (docs/processor-protocol.md), with
-    /// fault injection, for tests, benchmarks and local stacks.
-    PspSim(SimulatorOptions),
 }
 
 #[derive(Debug, Subcommand)]
@@ -59,7 +66,7 @@ pub fn run() -> ExitCode {
                     .map_err(|e| format!("psp-sim: {e}"))
             })
         }
-        command => {
+        Command::Service(command) => {
             let settings = match Settings::load() {
                 Ok(settings) => settings,
                 Err(error) => {
@@ -70,20 +77,15 @@ pub fn run() -> ExitCode {
             telemetry::init(settings.log.format);
             block_on(async {
                 match command {
-                    Command::Serve => serve(&settings).await,
-                    Command::Migrate => migrate(&settings).await,
-                    Command::Merchant {
+                    ServiceCommand::Serve => serve(&settings).await,
+                    ServiceCommand::Migrate => migrate(&settings).await,
+                    ServiceCommand::Merchant {
                         command: MerchantCommand::Create { name },
                     } => create_merchant(&settings, &name).await,
-                    Command::PspSim(_) => unreachable_command(),
                 }
             })
         }
     }
-}
-
-fn unreachable_command() -> Result<(), String> {
-    Err("internal: command dispatched twice".to_owned())
 }
 
 /// Runs `work` on a multi-threaded runtime and maps its result to an exit code.
