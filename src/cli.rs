@@ -59,7 +59,7 @@ pub fn run() -> ExitCode {
                 eprintln!("chargeonce psp-sim: {message}");
                 return ExitCode::from(2);
             }
-            telemetry::init(crate::config::LogFormat::Text);
+            let _logs = telemetry::init(crate::config::LogFormat::Text);
             block_on(async {
                 simulator::run(options)
                     .await
@@ -74,7 +74,7 @@ pub fn run() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            telemetry::init(settings.log.format);
+            let _logs = telemetry::init(settings.log.format);
             block_on(async {
                 match command {
                     ServiceCommand::Serve => serve(&settings).await,
