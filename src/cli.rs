@@ -139,7 +139,7 @@ async fn create_merchant(settings: &Settings, name: &str) -> Result<(), String> 
             .await
             .map_err(|e| e.to_string())?;
     }
-    let pool = db::build_pool(&settings.database).map_err(|e| e.to_string())?;
+    let pool = db::build_pool(&settings.database, 1).map_err(|e| e.to_string())?;
     let mut client = pool
         .get()
         .await

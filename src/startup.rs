@@ -11,7 +11,7 @@ use deadpool_postgres::Pool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Settings;
+use crate::config::{DatabaseSettings, Settings};
 use crate::db::{self, DbError};
 use crate::processor::{self, PaymentProcessor};
 use crate::service::api_keys::ApiKeyCache;
@@ -29,6 +29,26 @@ pub enum StartupError {
         address: String,
         source: std::io::Error,
     },
+}
+
+/// Connections of the background workers (recovery, key sweeper), apart
+/// from the request handlers' `database.pool_size`.
+pub const BACKGROUND_CONNECTIONS: usize = 4;
+
+/// The pool of one HTTP worker thread, `connections` of the
+/// `database.pool_size`. A connection's driving task runs on the thread that
+/// opened it; with one pool shared by all threads, a request on one thread
+/// would hand every query to a connection driven by another (or by the
+/// background runtime) and wait for that thread to wake up, twice per query.
+/// Per-thread pools keep a request and its connection on one thread: no
+/// cross-thread wake-ups (BENCHMARKS.md, history, has the numbers).
+fn worker_pool(database: &DatabaseSettings, connections: usize, fallback: &Pool) -> Pool {
+    // The same settings already built the background pool, so this cannot
+    // fail in practice; if it did, sharing that pool is slower but correct.
+    db::build_pool(database, connections).unwrap_or_else(|error| {
+        tracing::error!(%error, "cannot build a worker's pool; sharing the background pool");
+        fallback.clone()
+    })
 }
 
 pub struct Application {
@@ -55,7 +75,9 @@ impl Application {
             let applied = db::migrate(&settings.database).await?;
             tracing::info!(applied, "migrations up to date");
         }
-        let pool = db::build_pool(&settings.database)?;
+        // The background workers' own pool; it also shows the settings make
+        // a valid pool before any HTTP worker builds its own.
+        let pool = db::build_pool(&settings.database, BACKGROUND_CONNECTIONS)?;
 
         let address = format!("{}:{}", settings.server.host, settings.server.port);
         let bind_error = |source| StartupError::Bind {
@@ -65,26 +87,39 @@ impl Application {
         let listener = TcpListener::bind(&address).map_err(bind_error)?;
         let port = listener.local_addr().map_err(bind_error)?.port();
 
-        let state = web::Data::new(AppState {
+        let state = AppState {
             pool: pool.clone(),
             processor,
             lease: settings.idempotency.lease(),
             in_flight_wait: Duration::from_millis(settings.idempotency.in_flight_wait_ms),
             max_body_bytes: settings.http.max_body_bytes,
-            api_keys: ApiKeyCache::new(Duration::from_millis(settings.auth.cache_ttl_ms)),
-        });
-        let http_state = state.clone();
-        let mut server = HttpServer::new(move || {
+            api_keys: Arc::new(ApiKeyCache::new(Duration::from_millis(
+                settings.auth.cache_ttl_ms,
+            ))),
+        };
+
+        let workers = match settings.server.workers {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        let worker_connections = settings.database.pool_size.div_ceil(workers).max(1);
+        let database = settings.database.clone();
+        let shared = state.clone();
+        // Runs once on each worker thread, so each worker gets a pool of its
+        // own (see `worker_pool`).
+        let server = HttpServer::new(move || {
+            let worker_state = AppState {
+                pool: worker_pool(&database, worker_connections, &shared.pool),
+                ..shared.clone()
+            };
             App::new()
-                .app_data(http_state.clone())
+                .app_data(web::Data::new(worker_state))
                 .wrap_fn(http::request_log)
                 .configure(http::configure)
         })
+        .workers(workers)
         .shutdown_timeout(settings.server.shutdown_timeout_secs)
         .client_request_timeout(Duration::from_secs(10));
-        if settings.server.workers > 0 {
-            server = server.workers(settings.server.workers);
-        }
         let server = server.listen(listener).map_err(bind_error)?.run();
 
         let stop = CancellationToken::new();
@@ -95,7 +130,7 @@ impl Application {
                 stop.clone(),
             )),
             tokio::spawn(workers::recovery::run(
-                state,
+                web::Data::new(state),
                 settings.recovery.clone(),
                 stop.clone(),
             )),

@@ -53,3 +53,49 @@ async fn two_hundred_concurrent_distinct_keys_make_two_hundred_charges() {
     );
     assert_eq!(app.processor.calls(), 200);
 }
+
+/// Each HTTP worker thread has its own pool; together they hold at most
+/// `database.pool_size` connections, plus the background workers' own.
+#[tokio::test]
+async fn worker_pools_share_the_configured_pool_size() {
+    const POOL_SIZE: usize = 4;
+    let app = spawn_app_with(|s| {
+        s.server.workers = 2;
+        s.database.pool_size = POOL_SIZE;
+        s.processor.latency_ms = 5;
+    })
+    .await;
+    let backends = "SELECT count(*) FROM pg_stat_activity \
+                    WHERE datname = current_database() AND application_name = 'chargeonce'";
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let watch = async {
+        let mut peak = 0;
+        while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            peak = peak.max(app.count(backends).await);
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        peak
+    };
+    let load = async {
+        let replies = join_all((0..120).map(|i| {
+            let key = format!("pooled-{i}");
+            let app = &app;
+            async move { app.post_charge(&key, &charge_body(1000 + i * 100)).await }
+        }))
+        .await;
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        replies
+    };
+    let (peak, replies) = tokio::join!(watch, load);
+
+    for reply in &replies {
+        assert_eq!(reply.status, 201, "{}", reply.body);
+    }
+    let limit = (POOL_SIZE + chargeonce::startup::BACKGROUND_CONNECTIONS) as i64;
+    assert!(
+        peak <= limit,
+        "{peak} connections open, more than pool_size {POOL_SIZE} + background"
+    );
+    // Both workers' pools were in use, or the bound above proves nothing.
+    assert!(peak > 2, "only {peak} connections were ever open");
+}
