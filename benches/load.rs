@@ -667,7 +667,9 @@ impl Service {
             .env("CHARGEONCE__SERVER__PORT", port.to_string())
             .env("CHARGEONCE__PROCESSOR__KIND", "simulated")
             .env("CHARGEONCE__PROCESSOR__LATENCY_MS", "0")
-            .env("RUST_LOG", "warn")
+            // The service's default log level (info: a line per request)
+            // unless the benchmark is given RUST_LOG.
+            .envs(std::env::var("RUST_LOG").map(|level| ("RUST_LOG", level)))
             // `CHARGEONCE__…` variables given to the benchmark reach the
             // service: a configuration change can be measured against the
             // defaults (BENCHMARKS.md, history).
