@@ -2019,15 +2019,19 @@ impl Pgbench {
                 .map(|row| row.get::<_, i64>(0))
                 .context("checking the scripts")
         };
-        let mut args = vec![
-            "-c".to_owned(),
-            "1".to_owned(),
-            "-t".to_owned(),
-            RUNS.to_string(),
-        ];
-        args.extend(self.script_args(Workload::New));
-        args.extend(self.variable_args("check"));
-        self.pgbench(args).await?;
+        // One client running `workload`'s script RUNS times.
+        let run_script = |workload| {
+            let mut args = vec![
+                "-c".to_owned(),
+                "1".to_owned(),
+                "-t".to_owned(),
+                RUNS.to_string(),
+            ];
+            args.extend(self.script_args(workload));
+            args.extend(self.variable_args("check"));
+            self.pgbench(args)
+        };
+        run_script(Workload::New).await?;
         let like_service = count(
             "SELECT count(*) FROM charges c \
               WHERE c.client_idempotency_key LIKE 'pgb-check-%' \
@@ -2044,15 +2048,7 @@ impl Pgbench {
         }
 
         let before = count("SELECT count(*) FROM charges").await?;
-        let mut args = vec![
-            "-c".to_owned(),
-            "1".to_owned(),
-            "-t".to_owned(),
-            RUNS.to_string(),
-        ];
-        args.extend(self.script_args(Workload::Replay));
-        args.extend(self.variable_args("check"));
-        self.pgbench(args).await?;
+        run_script(Workload::Replay).await?;
         let after = count("SELECT count(*) FROM charges").await?;
         if after != before {
             return Err(format!(
