@@ -156,7 +156,9 @@ pub fn build(options: SimulatorOptions, listener: TcpListener) -> std::io::Resul
 
 pub async fn run(options: SimulatorOptions) -> std::io::Result<()> {
     let listener = TcpListener::bind((options.host.as_str(), options.port))?;
-    tracing::info!(address = %listener.local_addr()?, "psp-sim listening");
+    let address = listener.local_addr()?;
+    // With --port 0 this line is how a caller learns the port.
+    tracing::info!(%address, port = address.port(), "psp-sim listening");
     build(options, listener)?.await
 }
 

@@ -1,6 +1,7 @@
 //! Real processes: the `chargeonce` binary as a service and as psp-sim, each
 //! started with a clean environment and killed when dropped.
 
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -28,12 +29,19 @@ pub async fn run(mut command: Command) -> Output {
         .unwrap()
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// The log level of spawned services: warnings, plus the line that
+/// announces the port (`chargeonce listening` / `psp-sim listening`).
+const ANNOUNCING_LOG: &str = "warn,chargeonce::startup=info,chargeonce::processor::simulator=info";
+
+/// The port in a `… listening … port=N` log line.
+fn announced_port(line: &str) -> Option<u16> {
+    if !line.contains(" listening") {
+        return None;
+    }
+    line.split_whitespace()
+        .find_map(|field| field.strip_prefix("port="))
+        .and_then(|port| port.parse().ok())
+        .filter(|&port| port != 0)
 }
 
 /// A test database, dropped with the value.
@@ -81,16 +89,46 @@ pub struct Process {
 }
 
 impl Process {
-    async fn spawn(mut command: Command, port: u16, ready_path: &str) -> Self {
-        let child = command
+    /// Starts `command`, which listens on port 0, learns the port the
+    /// process bound from its log, and waits until `ready_path` answers 200.
+    /// (Picking a free port first and passing it on raced with the other
+    /// tests: another process could take the port in between, and the test
+    /// then talked to someone else's service.)
+    async fn spawn(mut command: Command, ready_path: &str) -> Self {
+        let mut child = command
             .stdout(Stdio::null())
-            .stderr(if std::env::var_os("TEST_LOG").is_some() {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            })
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawn chargeonce");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (port_tx, port_rx) = std::sync::mpsc::channel();
+        // Reads stderr to the end (so the pipe never fills), passing it on
+        // with TEST_LOG set.
+        std::thread::spawn(move || {
+            let show = std::env::var_os("TEST_LOG").is_some();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if show {
+                    eprintln!("{line}");
+                }
+                if let Some(port) = announced_port(&line) {
+                    let _ = port_tx.send(port);
+                }
+            }
+        });
+        let started = Instant::now();
+        let port = loop {
+            if let Ok(port) = port_rx.try_recv() {
+                break port;
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("chargeonce exited before listening: {status} (TEST_LOG=1 shows why)");
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "chargeonce never said which port it listens on"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
         let process = Self {
             child,
             url: format!("http://127.0.0.1:{port}"),
@@ -146,27 +184,26 @@ impl Drop for Process {
     }
 }
 
-/// `chargeonce serve` on a free port, ready when /readyz says so.
+/// `chargeonce serve` on a port of its choosing, ready when /readyz says so.
 pub async fn start_service(database_url: &str, env: &[(&str, String)]) -> Process {
-    let port = free_port();
     let mut command = chargeonce(database_url);
     command
-        .env("CHARGEONCE__SERVER__PORT", port.to_string())
+        .env("CHARGEONCE__SERVER__PORT", "0")
+        .env("RUST_LOG", ANNOUNCING_LOG)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .arg("serve");
-    Process::spawn(command, port, "/readyz").await
+    Process::spawn(command, "/readyz").await
 }
 
-/// `chargeonce psp-sim` on a free port with the given options.
+/// `chargeonce psp-sim` on a port of its choosing with the given options.
 pub async fn start_psp_sim(options: &[&str]) -> Process {
-    let port = free_port();
     let mut command = Command::new(BIN);
     command
         .env_clear()
-        .env("RUST_LOG", "warn")
-        .args(["psp-sim", "--port", &port.to_string()])
+        .env("RUST_LOG", ANNOUNCING_LOG)
+        .args(["psp-sim", "--port", "0"])
         .args(options);
-    Process::spawn(command, port, "/healthz").await
+    Process::spawn(command, "/healthz").await
 }
 
 /// Every payment psp-sim recorded.
