@@ -15,10 +15,13 @@ WORKDIR /app
 
 # Dependencies first, in their own layer: build a placeholder crate with the
 # real manifests, so this layer is reused until Cargo.toml or Cargo.lock change.
+# The workspace's other members (dev-only tools) must be present for cargo to
+# load the workspace; only their manifests and empty targets are needed.
 COPY Cargo.toml Cargo.lock build.rs ./
-RUN mkdir src \
+COPY testkit/Cargo.toml ./testkit/
+RUN mkdir src testkit/src \
     && echo 'fn main() {}' > src/main.rs \
-    && touch src/lib.rs \
+    && touch src/lib.rs testkit/src/lib.rs \
     && cargo build --release --locked --bin chargeonce \
     && rm -rf src
 

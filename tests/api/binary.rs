@@ -109,7 +109,7 @@ async fn migrations_are_safe_when_several_instances_start_at_once() {
 
 #[tokio::test]
 async fn serve_drains_in_flight_requests_on_sigterm() {
-    let db = Database::new().await;
+    let db = Database::migrated().await;
     let secret = db.create_merchant().await;
     let mut server = start_service(
         &db.url,
@@ -128,7 +128,7 @@ async fn serve_drains_in_flight_requests_on_sigterm() {
         async move { request.send().await }
     });
     tokio::time::sleep(Duration::from_millis(400)).await;
-    server.signal("-TERM");
+    server.signal(chargeonce_testkit::Signal::SIGTERM);
 
     let reply = in_flight
         .await

@@ -6,117 +6,28 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use chargeonce::config::{ProcessorKind, Settings};
 use chargeonce::processor::{PaymentProcessor, SimulatedProcessor};
 use chargeonce::startup::Application;
+use chargeonce_testkit::TestDatabase;
 use deadpool_postgres::Pool;
 use reqwest::header::HeaderMap;
 use reqwest::StatusCode;
 use serde_json::Value;
-use tokio::sync::OnceCell;
-use tokio_postgres::NoTls;
 
-/// Where tests create their databases: `TEST_DATABASE_URL`, else the
-/// machine's PostgreSQL on 127.0.0.1:5432.
-pub fn admin_url() -> String {
-    std::env::var("TEST_DATABASE_URL")
-        .ok()
-        .filter(|url| !url.is_empty())
-        .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
-}
-
-/// `url` with its database name replaced.
-pub fn with_database(url: &str, database: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, format!("?{query}")),
-        None => (url, String::new()),
-    };
-    let scheme_end = base.find("://").map_or(0, |i| i + 3);
-    let host_end = base[scheme_end..]
-        .find('/')
-        .map_or(base.len(), |i| scheme_end + i);
-    format!("{}/{database}{query}", &base[..host_end])
-}
-
-pub async fn admin_client() -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(&admin_url(), NoTls)
-        .await
-        .expect("connect to the test PostgreSQL (set TEST_DATABASE_URL)");
-    tokio::spawn(connection);
-    client
-}
-
-const PREFIX: &str = "chargeonce_test_";
-
-/// A fresh, empty database; leftovers of crashed runs older than two hours
-/// are dropped on first use.
-pub async fn create_database() -> (String, String) {
-    static SWEPT: OnceCell<()> = OnceCell::const_new();
-    let admin = admin_client().await;
-    SWEPT
-        .get_or_init(|| async { drop_stale_databases(&admin).await })
-        .await;
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_secs();
-    let name = format!(
-        "{PREFIX}{now}_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    );
-    admin
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .expect("create test database");
-    let url = with_database(&admin_url(), &name);
-    (name, url)
-}
-
-async fn drop_stale_databases(admin: &tokio_postgres::Client) {
-    let rows = admin
-        .query(
-            "SELECT datname FROM pg_database WHERE datname LIKE 'chargeonce\\_test\\_%'",
-            &[],
-        )
-        .await
-        .expect("list databases");
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_secs();
-    for row in rows {
-        let name: String = row.get(0);
-        let created: u64 = name[PREFIX.len()..]
-            .split('_')
-            .next()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        if now.saturating_sub(created) > 2 * 3600 {
-            let _ = admin
-                .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                .await;
-        }
-    }
-}
-
-/// Drops a database from a thread of its own, so it works from `Drop`.
-pub fn drop_database(name: &str) {
-    let name = name.to_owned();
-    let _ = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async {
-            let admin = admin_client().await;
-            let _ = admin
-                .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                .await;
-        });
+/// A database of its own for a test, with the schema, cloned from the
+/// migrated template (the test kit migrates it once per run).
+pub async fn migrated_database() -> TestDatabase {
+    let migrations = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    TestDatabase::migrated(&migrations, |url| async move {
+        chargeonce::db::migrate(&test_settings(&url).database)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     })
-    .join();
+    .await
 }
 
 /// Settings for a test: embedded defaults, this database, a free port.
@@ -132,7 +43,8 @@ pub fn test_settings(database_url: &str) -> Settings {
 
 pub struct TestApp {
     pub address: String,
-    pub database_name: String,
+    /// Dropped (with the database) when the app is.
+    _database: TestDatabase,
     pub pool: Pool,
     pub api_key: String,
     pub processor: Arc<SimulatedProcessor>,
@@ -181,8 +93,8 @@ pub async fn spawn_app() -> TestApp {
 
 /// Starts the real application with settings adjusted by `adjust`.
 pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
-    let (database_name, database_url) = create_database().await;
-    let mut settings = test_settings(&database_url);
+    let database = migrated_database().await;
+    let mut settings = test_settings(&database.url);
     adjust(&mut settings);
     // The simulated processor is built here so tests can count its calls;
     // other kinds come from the settings as in production.
@@ -201,7 +113,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     tokio::spawn(app.run_until_stopped());
     let mut test_app = TestApp {
         address,
-        database_name,
+        _database: database,
         pool,
         api_key: String::new(),
         processor,
@@ -209,12 +121,6 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     };
     test_app.api_key = test_app.create_merchant("Test merchant").await;
     test_app
-}
-
-impl Drop for TestApp {
-    fn drop(&mut self) {
-        drop_database(&self.database_name);
-    }
 }
 
 pub fn charge_body(amount: i64) -> String {

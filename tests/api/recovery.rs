@@ -92,7 +92,7 @@ mod crash_points {
     /// worker finish the charge. Either way: one payment at psp-sim, one
     /// charge row, final, and the answer a crash-free run gives.
     async fn crash_at(point: &str, client_retries: bool) {
-        let db = Database::new().await;
+        let db = Database::migrated().await;
         let secret = db.create_merchant().await;
         let psp = start_psp_sim(&[]).await;
         let mut env = http_processor_env(&psp);
@@ -317,7 +317,7 @@ async fn under_injected_faults_every_logical_charge_is_made_once() {
 
 #[tokio::test]
 async fn two_instances_racing_for_one_key_make_one_charge_and_one_payment() {
-    let db = Database::new().await;
+    let db = Database::migrated().await;
     let secret = db.create_merchant().await;
     let psp = start_psp_sim(&["--latency-ms", "200"]).await;
     let env = http_processor_env(&psp);

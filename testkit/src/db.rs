@@ -1,0 +1,275 @@
+//! Test databases. Following crates.io's test-database crate: the schema is
+//! migrated once per run into a template database, and every test gets its
+//! own copy (`CREATE DATABASE … TEMPLATE`, a file copy, much cheaper than
+//! running the migrations again), dropped when the value is.
+//!
+//! The template's name carries a digest of the migration files, so a changed
+//! migration gets a new template; runs in parallel (several test binaries, or
+//! several clones on one server) build it once under an advisory lock.
+
+use std::future::Future;
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sha2::{Digest, Sha256};
+use tokio::sync::OnceCell;
+use tokio_postgres::{Client, NoTls};
+
+/// Where test databases are made: `TEST_DATABASE_URL`, else the machine's
+/// PostgreSQL on 127.0.0.1:5432 as `postgres`. Any database of the server
+/// will do; it is only used to create and drop others.
+pub fn admin_url() -> String {
+    std::env::var("TEST_DATABASE_URL")
+        .ok()
+        .filter(|url| !url.is_empty())
+        .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// `url` with its database replaced; the query string is kept.
+pub fn with_database(database_url: &str, database: &str) -> String {
+    let mut url = url::Url::parse(database_url)
+        .unwrap_or_else(|e| panic!("not a URL ({e}): {}", redact(database_url)));
+    url.set_path(&format!("/{database}"));
+    url.to_string()
+}
+
+/// `url` with its password, if any, replaced by `***`, for printing.
+pub fn redact(database_url: &str) -> String {
+    match url::Url::parse(database_url) {
+        Ok(mut url) if url.password().is_some() => {
+            let _ = url.set_password(Some("***"));
+            url.to_string()
+        }
+        Ok(url) => url.to_string(),
+        Err(_) => "[unparsable database URL]".to_owned(),
+    }
+}
+
+/// The TCP address of the PostgreSQL server `database_url` names, for
+/// proxies to forward to.
+pub fn server_address(database_url: &str) -> std::net::SocketAddr {
+    use std::net::ToSocketAddrs;
+    let config: tokio_postgres::Config = database_url.parse().expect("a PostgreSQL URL");
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => panic!("tests through a proxy need PostgreSQL over TCP, not a socket"),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    (host.as_str(), port)
+        .to_socket_addrs()
+        .expect("resolve the PostgreSQL host")
+        .find(|address| address.is_ipv4())
+        .expect("an IPv4 address for the PostgreSQL host")
+}
+
+/// A connection to `url`, its driving task spawned.
+pub async fn connect(url: &str) -> Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot connect to the test PostgreSQL at {} (set TEST_DATABASE_URL): {e}",
+                redact(url)
+            )
+        });
+    tokio::spawn(connection);
+    client
+}
+
+const TEST_PREFIX: &str = "chargeonce_test_";
+const TEMPLATE_PREFIX: &str = "chargeonce_tmpl_";
+/// Databases of crashed runs are dropped once they are this old.
+const STALE_AFTER_SECS: u64 = 2 * 3600;
+/// Serialises template builds across processes ("tmpl").
+const TEMPLATE_LOCK: i64 = 0x746d_706c;
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A database of its own for one test, dropped with the value.
+pub struct TestDatabase {
+    pub name: String,
+    pub url: String,
+}
+
+impl TestDatabase {
+    /// An empty database (no schema), for tests of migrating itself.
+    pub async fn empty() -> Self {
+        Self::create(None).await
+    }
+
+    /// A database with the schema of `migrations_dir`, cloned from a template
+    /// that `migrate(url)` builds once per run.
+    pub async fn migrated<F, Fut>(migrations_dir: &Path, migrate: F) -> Self
+    where
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<(), String>>,
+    {
+        static TEMPLATE: OnceCell<String> = OnceCell::const_new();
+        let template = TEMPLATE
+            .get_or_init(|| build_template(migrations_dir, migrate))
+            .await;
+        Self::create(Some(template)).await
+    }
+
+    async fn create(template: Option<&str>) -> Self {
+        let admin = connect(&admin_url()).await;
+        sweep_once(&admin).await;
+        let name = format!(
+            "{TEST_PREFIX}{}_{}",
+            unix_now(),
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        let sql = match template {
+            Some(template) => format!("CREATE DATABASE {name} TEMPLATE {template}"),
+            None => format!("CREATE DATABASE {name}"),
+        };
+        admin
+            .batch_execute(&sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let url = with_database(&admin_url(), &name);
+        Self { name, url }
+    }
+
+    pub async fn client(&self) -> Client {
+        connect(&self.url).await
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        drop_database(&self.name);
+    }
+}
+
+/// A digest of the migration files' names and contents.
+fn migrations_digest(dir: &Path) -> String {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
+        .map(|entry| entry.expect("directory entry").path())
+        .collect();
+    files.sort();
+    let mut hasher = Sha256::new();
+    for file in files {
+        hasher.update(file.file_name().unwrap().to_string_lossy().as_bytes());
+        hasher.update(std::fs::read(&file).expect("read migration"));
+    }
+    hex::encode(hasher.finalize())[..12].to_owned()
+}
+
+/// Creates and migrates the template unless a complete one exists. A
+/// template is complete once it is marked `IS_TEMPLATE`; a half-built one
+/// (its builder died) is dropped and built again.
+async fn build_template<F, Fut>(migrations_dir: &Path, migrate: F) -> String
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
+    let name = format!("{TEMPLATE_PREFIX}{}", migrations_digest(migrations_dir));
+    let admin = connect(&admin_url()).await;
+    admin
+        .execute("SELECT pg_advisory_lock($1)", &[&TEMPLATE_LOCK])
+        .await
+        .expect("template lock");
+    let complete: Option<bool> = admin
+        .query_opt(
+            "SELECT datistemplate FROM pg_database WHERE datname = $1",
+            &[&name],
+        )
+        .await
+        .expect("look for the template")
+        .map(|row| row.get(0));
+    if complete != Some(true) {
+        if complete.is_some() {
+            admin
+                .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+                .await
+                .expect("drop a half-built template");
+        }
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create the template");
+        migrate(with_database(&admin_url(), &name))
+            .await
+            .unwrap_or_else(|e| panic!("migrating the template database {name}: {e}"));
+        admin
+            .batch_execute(&format!("ALTER DATABASE {name} WITH IS_TEMPLATE true"))
+            .await
+            .expect("mark the template complete");
+    }
+    admin
+        .execute("SELECT pg_advisory_unlock($1)", &[&TEMPLATE_LOCK])
+        .await
+        .expect("template unlock");
+    name
+}
+
+/// Drops, once per process, test databases that crashed runs left behind.
+async fn sweep_once(admin: &Client) {
+    static SWEPT: OnceCell<()> = OnceCell::const_new();
+    SWEPT
+        .get_or_init(|| async {
+            let rows = admin
+                .query(
+                    "SELECT datname FROM pg_database WHERE datname LIKE 'chargeonce\\_test\\_%'",
+                    &[],
+                )
+                .await
+                .expect("list test databases");
+            let now = unix_now();
+            for row in rows {
+                let name: String = row.get(0);
+                let created: u64 = name[TEST_PREFIX.len()..]
+                    .split('_')
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0);
+                if now.saturating_sub(created) > STALE_AFTER_SECS {
+                    let _ = admin
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .await;
+                }
+            }
+        })
+        .await;
+}
+
+/// Drops a database from a thread of its own, so it works from `Drop` inside
+/// or outside a runtime.
+pub fn drop_database(name: &str) {
+    let name = name.to_owned();
+    let _ = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let admin = connect(&admin_url()).await;
+            let _ = admin
+                .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .await;
+        });
+    })
+    .join();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_rewritten_and_redacted_by_a_url_parser() {
+        assert_eq!(
+            with_database("postgres://u:p@h:5/one?sslmode=disable", "two"),
+            "postgres://u:p@h:5/two?sslmode=disable"
+        );
+        assert_eq!(with_database("postgres://h", "x"), "postgres://h/x");
+        assert_eq!(redact("postgres://u:secret@h/d"), "postgres://u:***@h/d");
+        assert_eq!(redact("postgres://u@h/d"), "postgres://u@h/d");
+    }
+}

@@ -1,0 +1,22 @@
+//! The dev-only test kit of chargeonce, shared by the API tests, the load
+//! benchmark and the chaos run:
+//!
+//! - [`db`]: test databases cloned from a migrated template (migrated once
+//!   per run, `CREATE DATABASE … TEMPLATE`), dropped on `Drop`, leftovers of
+//!   crashed runs swept on first use;
+//! - [`process`]: real child processes that announce their port in their log
+//!   and are killed on `Drop`;
+//! - [`proxy`]: a TCP proxy that can stall or cut connections, and lose
+//!   answers after the request went through.
+//!
+//! Nothing here is part of the service; it is never built into it.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+pub mod db;
+pub mod process;
+pub mod proxy;
+
+pub use db::{admin_url, redact, server_address, with_database, TestDatabase};
+pub use nix::sys::signal::Signal;
+pub use process::Spawned;
+pub use proxy::{Proxy, ProxyMode};
