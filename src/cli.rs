@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use crate::config::Settings;
 use crate::processor::simulator::{self, SimulatorOptions};
 use crate::startup::Application;
+use crate::telemetry::error_chain;
 use crate::{db, telemetry};
 
 #[derive(Debug, Parser)]
@@ -139,14 +140,14 @@ async fn create_merchant(settings: &Settings, name: &str) -> Result<(), String> 
             .await
             .map_err(|e| e.to_string())?;
     }
-    let pool = db::build_pool(&settings.database, 1).map_err(|e| e.to_string())?;
-    let mut client = pool
-        .get()
+    let database = db::Database::new(&settings.database, 1).map_err(|e| e.to_string())?;
+    let conn = database
+        .conn()
         .await
-        .map_err(|e| format!("cannot connect to PostgreSQL: {e}"))?;
-    let (id, key) = db::merchants::create(&mut client, name)
+        .map_err(|e| format!("cannot connect to PostgreSQL: {}", error_chain(&e)))?;
+    let (id, key) = db::merchants::create(&conn, name)
         .await
-        .map_err(|e| format!("cannot create the merchant: {e}"))?;
+        .map_err(|e| format!("cannot create the merchant: {}", error_chain(&e)))?;
     eprintln!("created merchant {id} ({name})");
     println!("{}", key.expose_secret());
     Ok(())

@@ -56,6 +56,7 @@ pub struct DatabaseSettings {
     pub pool_size: usize,
     pub connect_timeout_ms: u64,
     pub statement_timeout_ms: u64,
+    pub query_timeout_ms: u64,
     pub migrate_on_start: bool,
 }
 
@@ -67,6 +68,7 @@ impl fmt::Debug for DatabaseSettings {
             .field("pool_size", &self.pool_size)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("statement_timeout_ms", &self.statement_timeout_ms)
+            .field("query_timeout_ms", &self.query_timeout_ms)
             .field("migrate_on_start", &self.migrate_on_start)
             .finish()
     }
@@ -185,6 +187,9 @@ impl Settings {
         if self.database.connect_timeout_ms == 0 {
             return Err(invalid("database.connect_timeout_ms", "must be at least 1"));
         }
+        if self.database.query_timeout_ms == 0 {
+            return Err(invalid("database.query_timeout_ms", "must be at least 1"));
+        }
         if self.database.statement_timeout_ms == 0 {
             return Err(invalid(
                 "database.statement_timeout_ms",
@@ -265,6 +270,10 @@ impl Settings {
 impl DatabaseSettings {
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    pub fn query_timeout(&self) -> Duration {
+        Duration::from_millis(self.query_timeout_ms)
     }
 }
 

@@ -7,8 +7,13 @@ use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 
 use crate::domain::{FieldError, KeyError};
+use crate::service::ServiceError;
+use crate::telemetry::error_chain;
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// What caused a 5xx, for the log only.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -36,9 +41,18 @@ pub enum ApiError {
     #[error("the request body must be sent as application/json")]
     UnsupportedMediaType,
     #[error("the database is unavailable; nothing was processed, retry later")]
-    ServiceUnavailable(String),
+    ServiceUnavailable(#[source] Cause),
     #[error("internal error")]
-    Internal(String),
+    Internal(#[source] Cause),
+}
+
+/// Everything HTTP needs to know about one kind of error, in one place.
+struct Description {
+    status: StatusCode,
+    code: &'static str,
+    title: &'static str,
+    /// Seconds for `Retry-After`, on answers worth retrying.
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -49,37 +63,94 @@ impl ApiError {
         }
     }
 
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::Unauthenticated => "unauthenticated",
-            Self::IdempotencyKeyMissing => "idempotency_key_missing",
-            Self::IdempotencyKeyInvalid(_) => "idempotency_key_invalid",
-            Self::IdempotencyKeyReused => "idempotency_key_reused",
-            Self::IdempotencyKeyInUse { .. } => "idempotency_key_in_use",
-            Self::InvalidRequest { .. } => "invalid_request",
-            Self::NotFound => "not_found",
-            Self::MethodNotAllowed => "method_not_allowed",
-            Self::PayloadTooLarge { .. } => "payload_too_large",
-            Self::UnsupportedMediaType => "unsupported_media_type",
-            Self::ServiceUnavailable(_) => "service_unavailable",
-            Self::Internal(_) => "internal_error",
+    fn describe(&self) -> Description {
+        use StatusCode as S;
+        let (status, code, title, retry_after) = match self {
+            Self::Unauthenticated => (S::UNAUTHORIZED, "unauthenticated", "Unauthenticated", None),
+            Self::IdempotencyKeyMissing => (
+                S::BAD_REQUEST,
+                "idempotency_key_missing",
+                "Idempotency-Key missing",
+                None,
+            ),
+            Self::IdempotencyKeyInvalid(_) => (
+                S::BAD_REQUEST,
+                "idempotency_key_invalid",
+                "Idempotency-Key invalid",
+                None,
+            ),
+            Self::IdempotencyKeyReused => (
+                S::UNPROCESSABLE_ENTITY,
+                "idempotency_key_reused",
+                "Idempotency-Key reused",
+                None,
+            ),
+            Self::IdempotencyKeyInUse { retry_after_secs } => (
+                S::CONFLICT,
+                "idempotency_key_in_use",
+                "Idempotency-Key in use",
+                Some(*retry_after_secs),
+            ),
+            Self::InvalidRequest { .. } => {
+                (S::BAD_REQUEST, "invalid_request", "Invalid request", None)
+            }
+            Self::NotFound => (S::NOT_FOUND, "not_found", "Not found", None),
+            Self::MethodNotAllowed => (
+                S::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "Method not allowed",
+                None,
+            ),
+            Self::PayloadTooLarge { .. } => (
+                S::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                "Payload too large",
+                None,
+            ),
+            Self::UnsupportedMediaType => (
+                S::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "Unsupported media type",
+                None,
+            ),
+            Self::ServiceUnavailable(_) => (
+                S::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                "Service unavailable",
+                Some(1),
+            ),
+            Self::Internal(_) => (
+                S::INTERNAL_SERVER_ERROR,
+                "internal_error",
+                "Internal error",
+                None,
+            ),
+        };
+        Description {
+            status,
+            code,
+            title,
+            retry_after,
         }
     }
 
-    fn title(&self) -> &'static str {
-        match self {
-            Self::Unauthenticated => "Unauthenticated",
-            Self::IdempotencyKeyMissing => "Idempotency-Key missing",
-            Self::IdempotencyKeyInvalid(_) => "Idempotency-Key invalid",
-            Self::IdempotencyKeyReused => "Idempotency-Key reused",
-            Self::IdempotencyKeyInUse { .. } => "Idempotency-Key in use",
-            Self::InvalidRequest { .. } => "Invalid request",
-            Self::NotFound => "Not found",
-            Self::MethodNotAllowed => "Method not allowed",
-            Self::PayloadTooLarge { .. } => "Payload too large",
-            Self::UnsupportedMediaType => "Unsupported media type",
-            Self::ServiceUnavailable(_) => "Service unavailable",
-            Self::Internal(_) => "Internal error",
+    pub fn code(&self) -> &'static str {
+        self.describe().code
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(error: ServiceError) -> Self {
+        match error {
+            ServiceError::KeyReused => Self::IdempotencyKeyReused,
+            ServiceError::KeyInUse { retry_after } => Self::IdempotencyKeyInUse {
+                retry_after_secs: retry_after.as_secs().max(1),
+            },
+            ServiceError::NotFound => Self::NotFound,
+            ServiceError::Unavailable(_)
+            | ServiceError::SchemaBehind { .. }
+            | ServiceError::KeyContended => Self::ServiceUnavailable(error.into()),
+            ServiceError::Database(_) | ServiceError::TaskFailed(_) => Self::Internal(error.into()),
         }
     }
 }
@@ -115,9 +186,8 @@ impl<'a, T: Serialize> Problem<'a, T> {
         }
     }
 
-    pub fn to_body(&self) -> String {
-        // Serialising plain strings, numbers and maps cannot fail.
-        serde_json::to_string(self).unwrap_or_default()
+    pub fn to_body(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string(self)
     }
 }
 
@@ -129,96 +199,47 @@ struct FieldErrors<'a> {
 
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
-        match self {
-            Self::Unauthenticated => StatusCode::UNAUTHORIZED,
-            Self::IdempotencyKeyMissing
-            | Self::IdempotencyKeyInvalid(_)
-            | Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
-            Self::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::IdempotencyKeyInUse { .. } => StatusCode::CONFLICT,
-            Self::NotFound => StatusCode::NOT_FOUND,
-            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::ServiceUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        }
+        self.describe().status
     }
 
     fn error_response(&self) -> HttpResponse {
-        let status = self.status_code();
+        let description = self.describe();
         match self {
-            Self::ServiceUnavailable(cause) => tracing::warn!(%cause, "failing closed"),
-            Self::Internal(cause) => tracing::error!(%cause, "internal error"),
+            Self::ServiceUnavailable(cause) => {
+                tracing::warn!(cause = %error_chain(cause.as_ref()), "failing closed")
+            }
+            Self::Internal(cause) => {
+                tracing::error!(cause = %error_chain(cause.as_ref()), "internal error")
+            }
             _ => {}
         }
         let errors: &[FieldError] = match self {
             Self::InvalidRequest { errors, .. } => errors,
             _ => &[],
         };
-        let body = Problem::new(
-            status,
-            self.code(),
-            self.title(),
+        let problem = Problem::new(
+            description.status,
+            description.code,
+            description.title,
             self.to_string(),
             FieldErrors { errors },
-        )
-        .to_body();
-        let mut response = HttpResponse::build(status);
+        );
+        let mut response = HttpResponse::build(description.status);
         response.content_type(PROBLEM_JSON);
-        match self {
-            Self::IdempotencyKeyInUse { retry_after_secs } => {
-                response.insert_header((header::RETRY_AFTER, retry_after_secs.to_string()));
-            }
-            Self::ServiceUnavailable(_) => {
-                response.insert_header((header::RETRY_AFTER, "1"));
-            }
-            Self::Unauthenticated => {
-                response.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
-            }
-            _ => {}
+        if let Some(seconds) = description.retry_after {
+            response.insert_header((header::RETRY_AFTER, seconds.to_string()));
         }
-        response.body(body)
-    }
-}
-
-impl From<deadpool_postgres::PoolError> for ApiError {
-    fn from(error: deadpool_postgres::PoolError) -> Self {
-        match error {
-            deadpool_postgres::PoolError::Backend(e) => e.into(),
-            other => Self::ServiceUnavailable(other.to_string()),
+        if matches!(self, Self::Unauthenticated) {
+            response.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
         }
-    }
-}
-
-impl From<tokio_postgres::Error> for ApiError {
-    /// Lost connections, timeouts and an overloaded or restarting server fail
-    /// closed with 503; anything else is a bug and a 500.
-    fn from(error: tokio_postgres::Error) -> Self {
-        use tokio_postgres::error::SqlState;
-        let transient = match error.code() {
-            // No SQLSTATE: the connection failed or closed (an IO error), or
-            // the statement itself is wrong (a type mismatch: a bug).
-            None => {
-                error.is_closed()
-                    || std::error::Error::source(&error).is_some_and(|s| s.is::<std::io::Error>())
+        match problem.to_body() {
+            Ok(body) => response.body(body),
+            // Field names and messages are plain strings: this cannot fail.
+            // If it ever did, an empty problem is still an honest answer.
+            Err(error) => {
+                tracing::error!(%error, "cannot render a problem document");
+                response.finish()
             }
-            Some(code) => {
-                *code == SqlState::QUERY_CANCELED
-                    || *code == SqlState::ADMIN_SHUTDOWN
-                    || *code == SqlState::CRASH_SHUTDOWN
-                    || *code == SqlState::CANNOT_CONNECT_NOW
-                    || *code == SqlState::TOO_MANY_CONNECTIONS
-                    || *code == SqlState::T_R_SERIALIZATION_FAILURE
-                    || *code == SqlState::T_R_DEADLOCK_DETECTED
-                    || code.code().starts_with("08")
-            }
-        };
-        let cause = format!("{error:?}");
-        if transient {
-            Self::ServiceUnavailable(cause)
-        } else {
-            Self::Internal(cause)
         }
     }
 }

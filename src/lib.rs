@@ -11,6 +11,5 @@ pub mod http;
 pub mod processor;
 pub mod service;
 pub mod startup;
-pub mod state;
 pub mod telemetry;
 pub mod workers;

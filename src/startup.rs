@@ -7,15 +7,15 @@ use std::time::Duration;
 
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::{web, App, HttpServer};
-use deadpool_postgres::Pool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{DatabaseSettings, Settings};
-use crate::db::{self, DbError};
+use crate::db::{self, Database, DbError};
+use crate::http::HttpLimits;
 use crate::processor::{self, PaymentProcessor};
 use crate::service::api_keys::ApiKeyCache;
-use crate::state::AppState;
+use crate::service::charges::Charges;
 use crate::{http, workers};
 
 #[derive(Debug, thiserror::Error)]
@@ -42,10 +42,14 @@ pub const BACKGROUND_CONNECTIONS: usize = 4;
 /// background runtime) and wait for that thread to wake up, twice per query.
 /// Per-thread pools keep a request and its connection on one thread: no
 /// cross-thread wake-ups (BENCHMARKS.md, history, has the numbers).
-fn worker_pool(database: &DatabaseSettings, connections: usize, fallback: &Pool) -> Pool {
+fn worker_database(
+    database: &DatabaseSettings,
+    connections: usize,
+    fallback: &Database,
+) -> Database {
     // The same settings already built the background pool, so this cannot
     // fail in practice; if it did, sharing that pool is slower but correct.
-    db::build_pool(database, connections).unwrap_or_else(|error| {
+    Database::new(database, connections).unwrap_or_else(|error| {
         tracing::error!(%error, "cannot build a worker's pool; sharing the background pool");
         fallback.clone()
     })
@@ -54,7 +58,7 @@ fn worker_pool(database: &DatabaseSettings, connections: usize, fallback: &Pool)
 pub struct Application {
     port: u16,
     server: Server,
-    pool: Pool,
+    db: Database,
     stop: CancellationToken,
     background: Vec<JoinHandle<()>>,
 }
@@ -77,7 +81,7 @@ impl Application {
         }
         // The background workers' own pool; it also shows the settings make
         // a valid pool before any HTTP worker builds its own.
-        let pool = db::build_pool(&settings.database, BACKGROUND_CONNECTIONS)?;
+        let background_db = Database::new(&settings.database, BACKGROUND_CONNECTIONS)?;
 
         let address = format!("{}:{}", settings.server.host, settings.server.port);
         let bind_error = |source| StartupError::Bind {
@@ -87,16 +91,13 @@ impl Application {
         let listener = TcpListener::bind(&address).map_err(bind_error)?;
         let port = listener.local_addr().map_err(bind_error)?.port();
 
-        let state = AppState {
-            pool: pool.clone(),
-            processor,
-            lease: settings.idempotency.lease(),
-            in_flight_wait: Duration::from_millis(settings.idempotency.in_flight_wait_ms),
+        let api_keys = web::Data::new(ApiKeyCache::new(Duration::from_millis(
+            settings.auth.cache_ttl_ms,
+        )));
+        let limits = web::Data::new(HttpLimits {
             max_body_bytes: settings.http.max_body_bytes,
-            api_keys: Arc::new(ApiKeyCache::new(Duration::from_millis(
-                settings.auth.cache_ttl_ms,
-            ))),
-        };
+        });
+        let charges = Charges::new(background_db.clone(), processor, &settings.idempotency);
 
         let workers = match settings.server.workers {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -104,16 +105,16 @@ impl Application {
         };
         let worker_connections = settings.database.pool_size.div_ceil(workers).max(1);
         let database = settings.database.clone();
-        let shared = state.clone();
+        let (shared_db, shared_charges) = (background_db.clone(), charges.clone());
         // Runs once on each worker thread, so each worker gets a pool of its
-        // own (see `worker_pool`).
+        // own (see `worker_database`).
         let server = HttpServer::new(move || {
-            let worker_state = AppState {
-                pool: worker_pool(&database, worker_connections, &shared.pool),
-                ..shared.clone()
-            };
+            let db = worker_database(&database, worker_connections, &shared_db);
             App::new()
-                .app_data(web::Data::new(worker_state))
+                .app_data(web::Data::new(shared_charges.with_database(db.clone())))
+                .app_data(web::Data::new(db))
+                .app_data(api_keys.clone())
+                .app_data(limits.clone())
                 .wrap_fn(http::request_log)
                 .configure(http::configure)
         })
@@ -125,12 +126,12 @@ impl Application {
         let stop = CancellationToken::new();
         let background = vec![
             tokio::spawn(workers::sweeper::run(
-                pool.clone(),
+                background_db.clone(),
                 settings.idempotency.clone(),
                 stop.clone(),
             )),
             tokio::spawn(workers::recovery::run(
-                web::Data::new(state),
+                charges,
                 settings.recovery.clone(),
                 stop.clone(),
             )),
@@ -139,7 +140,7 @@ impl Application {
         Ok(Self {
             port,
             server,
-            pool,
+            db: background_db,
             stop,
             background,
         })
@@ -150,8 +151,9 @@ impl Application {
         self.port
     }
 
-    pub fn pool(&self) -> &Pool {
-        &self.pool
+    /// The background workers' database (tests use it to look at rows).
+    pub fn database(&self) -> &Database {
+        &self.db
     }
 
     /// Stops the server gracefully (as SIGTERM does) when asked.
@@ -168,7 +170,7 @@ impl Application {
         for worker in self.background {
             let _ = worker.await;
         }
-        self.pool.close();
+        self.db.close();
         result
     }
 }

@@ -27,6 +27,18 @@ const FLUSH_INTERVAL: Duration = Duration::from_millis(20);
 /// Most bytes held while stderr does not keep up.
 const MAX_BUFFERED: usize = 8 * 1024 * 1024;
 
+/// An error and its causes, `: `-separated, for a log line.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// Installs the subscriber. Keep the guard alive until exit: dropping it
 /// writes out what is still buffered. `None` when a subscriber was already
 /// installed (tests start several apps; the first one stays).

@@ -1,22 +1,174 @@
 //! Statements on `charges` (and the outbox rows written with them). Each
-//! function is one statement, prepared once per connection.
+//! function runs one statement, prepared once per connection; the SQL is a
+//! constant, built once.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
-use serde_json::Value;
-use tokio_postgres::{Error, Row};
+use tokio_postgres::types::{Json, Type};
+use tokio_postgres::Row;
 use uuid::Uuid;
 
+use super::codec::column;
+use super::{Conn, DbError, Statement};
 use crate::domain::{
-    Charge, ChargeId, ChargeStatus, Fingerprint, IdempotencyKey, MerchantId, NewCharge, Outcome,
+    Charge, ChargeId, Fingerprint, IdempotencyKey, MerchantId, NewCharge, Outcome,
 };
 
-const COLUMNS: &str = "id, merchant_id, request_fingerprint, amount, currency, customer, \
-                       description, metadata, status, failure_code, failure_message, \
-                       locked_until, created_at";
+/// The columns a `Charge` is decoded from, by name.
+macro_rules! charge_columns {
+    () => {
+        "id, merchant_id, request_fingerprint, amount, currency, customer, description, \
+         metadata, status, failure_code, failure_message, locked_until, created_at"
+    };
+}
+
+/// Inserts a pending charge with a lease, or (no row inserted: the key is
+/// taken) reads the charge that holds the key, in one round trip. `created`
+/// says which.
+pub const INSERT_OR_FIND: Statement = Statement {
+    sql: concat!(
+        "WITH inserted AS ( \
+             INSERT INTO charges (id, merchant_id, client_idempotency_key, request_fingerprint, \
+                                  amount, currency, customer, description, metadata, status, \
+                                  locked_until) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending', \
+                     now() + $10::bigint * interval '1 millisecond') \
+             ON CONFLICT (merchant_id, client_idempotency_key) DO NOTHING \
+             RETURNING ",
+        charge_columns!(),
+        ") SELECT ",
+        charge_columns!(),
+        ", true AS created FROM inserted \
+         UNION ALL \
+         SELECT ",
+        charge_columns!(),
+        ", false AS created FROM charges \
+          WHERE merchant_id = $2 AND client_idempotency_key = $3 \
+            AND NOT EXISTS (SELECT 1 FROM inserted)"
+    ),
+    params: &[
+        Type::UUID,
+        Type::UUID,
+        Type::TEXT,
+        Type::BYTEA,
+        Type::INT8,
+        Type::TEXT,
+        Type::TEXT,
+        Type::TEXT,
+        Type::JSONB,
+        Type::INT8,
+    ],
+};
+
+pub const FIND_BY_KEY: Statement = Statement {
+    sql: concat!(
+        "SELECT ",
+        charge_columns!(),
+        " FROM charges WHERE merchant_id = $1 AND client_idempotency_key = $2"
+    ),
+    params: &[Type::UUID, Type::TEXT],
+};
+
+pub const FIND: Statement = Statement {
+    sql: concat!(
+        "SELECT ",
+        charge_columns!(),
+        " FROM charges WHERE merchant_id = $1 AND id = $2"
+    ),
+    params: &[Type::UUID, Type::UUID],
+};
+
+/// Newest first; `$3`, when not null, is the cursor (list after that id).
+pub const LIST: Statement = Statement {
+    sql: concat!(
+        "SELECT ",
+        charge_columns!(),
+        " FROM charges WHERE merchant_id = $1 AND id < $3 ORDER BY id DESC LIMIT $2"
+    ),
+    params: &[Type::UUID, Type::INT8, Type::UUID],
+};
+
+pub const TAKE_OVER_OR_READ: Statement = Statement {
+    sql: concat!(
+        "WITH taken AS ( \
+             UPDATE charges SET locked_until = now() + $2::bigint * interval '1 millisecond', \
+                                updated_at = now() \
+              WHERE id = $1 AND status = 'pending' AND locked_until <= now() \
+              RETURNING ",
+        charge_columns!(),
+        ") SELECT ",
+        charge_columns!(),
+        ", true AS taken FROM taken \
+         UNION ALL \
+         SELECT ",
+        charge_columns!(),
+        ", false AS taken FROM charges \
+          WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
+    ),
+    params: &[Type::UUID, Type::INT8],
+};
+
+pub const CLAIM_ABANDONED: Statement = Statement {
+    sql: concat!(
+        "UPDATE charges SET locked_until = now() + $1::bigint * interval '1 millisecond', \
+                            updated_at = now() \
+          WHERE id IN (SELECT id FROM charges \
+                        WHERE status = 'pending' AND locked_until <= now() \
+                        ORDER BY locked_until LIMIT $2 FOR UPDATE SKIP LOCKED) \
+            AND status = 'pending' AND locked_until <= now() \
+          RETURNING ",
+        charge_columns!()
+    ),
+    params: &[Type::INT8, Type::INT8],
+};
+
+pub const RELEASE_LEASE: Statement = Statement {
+    sql: concat!(
+        "UPDATE charges SET locked_until = now(), updated_at = now() \
+          WHERE id = $1 AND status = 'pending' AND locked_until = $2 \
+          RETURNING ",
+        charge_columns!()
+    ),
+    params: &[Type::UUID, Type::TIMESTAMPTZ],
+};
+
+pub const RECORD_OUTCOME: Statement = Statement {
+    sql: concat!(
+        "WITH updated AS ( \
+             UPDATE charges SET status = $2, failure_code = $3, failure_message = $4, \
+                                processor_payment_id = $5, locked_until = NULL, \
+                                updated_at = now() \
+              WHERE id = $1 AND status = 'pending' \
+              RETURNING ",
+        charge_columns!(),
+        "), event AS ( \
+             INSERT INTO events (id, merchant_id, charge_id, type, payload) \
+             SELECT $6, merchant_id, id, 'charge.' || status, $7 FROM updated) \
+         SELECT ",
+        charge_columns!(),
+        " FROM updated"
+    ),
+    params: &[
+        Type::UUID,
+        Type::TEXT,
+        Type::TEXT,
+        Type::TEXT,
+        Type::TEXT,
+        Type::UUID,
+        Type::JSONB,
+    ],
+};
+
+pub const RELEASE_EXPIRED_KEYS: Statement = Statement {
+    sql: "UPDATE charges SET client_idempotency_key = NULL \
+           WHERE id IN (SELECT id FROM charges \
+                         WHERE client_idempotency_key IS NOT NULL AND id < $1 \
+                           AND status <> 'pending' \
+                         ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)",
+    params: &[Type::UUID, Type::INT8],
+};
 
 fn lease_ms(lease: Duration) -> i64 {
     i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
@@ -34,35 +186,19 @@ fn lease_ms(lease: Duration) -> i64 {
 /// vanished in between (the sweeper released the key), the key is free and
 /// the insert is tried again; `None` only if that keeps happening.
 pub async fn insert_or_find(
-    client: &impl GenericClient,
+    conn: &Conn,
     id: ChargeId,
     merchant: MerchantId,
     key: &IdempotencyKey,
     fingerprint: &Fingerprint,
     request: &NewCharge,
     lease: Duration,
-) -> Result<Option<(Charge, bool)>, Error> {
-    let sql = format!(
-        "WITH inserted AS ( \
-             INSERT INTO charges (id, merchant_id, client_idempotency_key, request_fingerprint, \
-                                  amount, currency, customer, description, metadata, status, \
-                                  locked_until) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending', \
-                     now() + $10::bigint * interval '1 millisecond') \
-             ON CONFLICT (merchant_id, client_idempotency_key) DO NOTHING \
-             RETURNING {COLUMNS}) \
-         SELECT {COLUMNS}, true FROM inserted \
-         UNION ALL \
-         SELECT {COLUMNS}, false FROM charges \
-          WHERE merchant_id = $2 AND client_idempotency_key = $3 \
-            AND NOT EXISTS (SELECT 1 FROM inserted)"
-    );
-    let statement = client.prepare_cached(&sql).await?;
-    let metadata = serde_json::to_value(&request.metadata).unwrap_or(Value::Null);
+) -> Result<Option<(Charge, bool)>, DbError> {
+    let metadata = Json(&request.metadata);
     for _ in 0..3 {
-        let row = client
+        let row = conn
             .query_opt(
-                &statement,
+                &INSERT_OR_FIND,
                 &[
                     id.as_uuid(),
                     merchant.as_uuid(),
@@ -78,9 +214,9 @@ pub async fn insert_or_find(
             )
             .await?;
         if let Some(row) = row {
-            return Ok(Some((charge_from_row(&row)?, row.try_get(13)?)));
+            return Ok(Some((decode(&row)?, column(&row, "created")?)));
         }
-        if let Some(charge) = find_by_key(client, merchant, key).await? {
+        if let Some(charge) = find_by_key(conn, merchant, key).await? {
             return Ok(Some((charge, false)));
         }
     }
@@ -88,62 +224,40 @@ pub async fn insert_or_find(
 }
 
 pub async fn find_by_key(
-    client: &impl GenericClient,
+    conn: &Conn,
     merchant: MerchantId,
     key: &IdempotencyKey,
-) -> Result<Option<Charge>, Error> {
-    let sql = format!(
-        "SELECT {COLUMNS} FROM charges WHERE merchant_id = $1 AND client_idempotency_key = $2"
-    );
-    let statement = client.prepare_cached(&sql).await?;
-    let row = client
-        .query_opt(&statement, &[merchant.as_uuid(), &key.as_str()])
+) -> Result<Option<Charge>, DbError> {
+    let row = conn
+        .query_opt(&FIND_BY_KEY, &[merchant.as_uuid(), &key.as_str()])
         .await?;
-    row.as_ref().map(charge_from_row).transpose()
+    row.as_ref().map(decode).transpose()
 }
 
 pub async fn find(
-    client: &impl GenericClient,
+    conn: &Conn,
     merchant: MerchantId,
     id: ChargeId,
-) -> Result<Option<Charge>, Error> {
-    let sql = format!("SELECT {COLUMNS} FROM charges WHERE merchant_id = $1 AND id = $2");
-    let statement = client.prepare_cached(&sql).await?;
-    let row = client
-        .query_opt(&statement, &[merchant.as_uuid(), id.as_uuid()])
+) -> Result<Option<Charge>, DbError> {
+    let row = conn
+        .query_opt(&FIND, &[merchant.as_uuid(), id.as_uuid()])
         .await?;
-    row.as_ref().map(charge_from_row).transpose()
+    row.as_ref().map(decode).transpose()
 }
 
 /// Newest first; `starting_after` continues after that charge.
 pub async fn list(
-    client: &impl GenericClient,
+    conn: &Conn,
     merchant: MerchantId,
     limit: i64,
     starting_after: Option<ChargeId>,
-) -> Result<Vec<Charge>, Error> {
-    let rows = match starting_after {
-        None => {
-            let sql = format!(
-                "SELECT {COLUMNS} FROM charges WHERE merchant_id = $1 ORDER BY id DESC LIMIT $2"
-            );
-            let statement = client.prepare_cached(&sql).await?;
-            client
-                .query(&statement, &[merchant.as_uuid(), &limit])
-                .await?
-        }
-        Some(cursor) => {
-            let sql = format!(
-                "SELECT {COLUMNS} FROM charges WHERE merchant_id = $1 AND id < $3 \
-                 ORDER BY id DESC LIMIT $2"
-            );
-            let statement = client.prepare_cached(&sql).await?;
-            client
-                .query(&statement, &[merchant.as_uuid(), &limit, cursor.as_uuid()])
-                .await?
-        }
-    };
-    rows.iter().map(charge_from_row).collect()
+) -> Result<Vec<Charge>, DbError> {
+    // No cursor: start above every id (the all-ones UUID).
+    let cursor = starting_after.map_or(Uuid::max(), |id| *id.as_uuid());
+    let rows = conn
+        .query(&LIST, &[merchant.as_uuid(), &limit, &cursor])
+        .await?;
+    rows.iter().map(decode).collect()
 }
 
 /// Takes over the lease of a pending charge whose lease has run out (its
@@ -152,26 +266,14 @@ pub async fn list(
 /// first, re-checks `locked_until`, and matches nothing. Returns the charge and
 /// whether the lease is now ours.
 pub async fn take_over_or_read(
-    client: &impl GenericClient,
+    conn: &Conn,
     id: ChargeId,
     lease: Duration,
-) -> Result<Option<(Charge, bool)>, Error> {
-    let sql = format!(
-        "WITH taken AS ( \
-             UPDATE charges SET locked_until = now() + $2::bigint * interval '1 millisecond', \
-                                updated_at = now() \
-              WHERE id = $1 AND status = 'pending' AND locked_until <= now() \
-              RETURNING {COLUMNS}) \
-         SELECT {COLUMNS}, true FROM taken \
-         UNION ALL \
-         SELECT {COLUMNS}, false FROM charges \
-          WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
-    );
-    let statement = client.prepare_cached(&sql).await?;
-    let row = client
-        .query_opt(&statement, &[id.as_uuid(), &lease_ms(lease)])
+) -> Result<Option<(Charge, bool)>, DbError> {
+    let row = conn
+        .query_opt(&TAKE_OVER_OR_READ, &[id.as_uuid(), &lease_ms(lease)])
         .await?;
-    row.map(|row| Ok((charge_from_row(&row)?, row.try_get(13)?)))
+    row.map(|row| Ok((decode(&row)?, column(&row, "taken")?)))
         .transpose()
 }
 
@@ -180,67 +282,38 @@ pub async fn take_over_or_read(
 /// claim at once without waiting on, or claiming, each other's rows; the
 /// outer condition repeats the test so a row finished meanwhile is skipped.
 pub async fn claim_abandoned(
-    client: &impl GenericClient,
+    conn: &Conn,
     lease: Duration,
     batch: i64,
-) -> Result<Vec<Charge>, Error> {
-    let sql = format!(
-        "UPDATE charges SET locked_until = now() + $1::bigint * interval '1 millisecond', \
-                            updated_at = now() \
-          WHERE id IN (SELECT id FROM charges \
-                        WHERE status = 'pending' AND locked_until <= now() \
-                        ORDER BY locked_until LIMIT $2 FOR UPDATE SKIP LOCKED) \
-            AND status = 'pending' AND locked_until <= now() \
-          RETURNING {COLUMNS}"
-    );
-    let statement = client.prepare_cached(&sql).await?;
-    let rows = client
-        .query(&statement, &[&lease_ms(lease), &batch])
+) -> Result<Vec<Charge>, DbError> {
+    let rows = conn
+        .query(&CLAIM_ABANDONED, &[&lease_ms(lease), &batch])
         .await?;
-    rows.iter().map(charge_from_row).collect()
+    rows.iter().map(decode).collect()
 }
 
 /// Ends our lease early after an unknown processor outcome, so the next retry
 /// can ask the processor again at once. Only our own lease (matched by its
 /// exact expiry) is released, never one another request took over since.
 pub async fn release_lease(
-    client: &impl GenericClient,
+    conn: &Conn,
     id: ChargeId,
     our_lease: DateTime<Utc>,
-) -> Result<Option<Charge>, Error> {
-    let sql = format!(
-        "UPDATE charges SET locked_until = now(), updated_at = now() \
-          WHERE id = $1 AND status = 'pending' AND locked_until = $2 \
-          RETURNING {COLUMNS}"
-    );
-    let statement = client.prepare_cached(&sql).await?;
-    let row = client
-        .query_opt(&statement, &[id.as_uuid(), &our_lease])
+) -> Result<Option<Charge>, DbError> {
+    let row = conn
+        .query_opt(&RELEASE_LEASE, &[id.as_uuid(), &our_lease])
         .await?;
-    row.as_ref().map(charge_from_row).transpose()
+    row.as_ref().map(decode).transpose()
 }
 
 /// Records the final outcome and its outbox event in one statement, hence one
 /// transaction. Only a pending charge changes: if another request recorded
 /// the outcome first (the processor gave it the same answer), `None`.
 pub async fn record_outcome(
-    client: &impl GenericClient,
+    conn: &Conn,
     charge: &Charge,
     outcome: &Outcome,
-) -> Result<Option<Charge>, Error> {
-    let sql = format!(
-        "WITH updated AS ( \
-             UPDATE charges SET status = $2, failure_code = $3, failure_message = $4, \
-                                processor_payment_id = $5, locked_until = NULL, \
-                                updated_at = now() \
-              WHERE id = $1 AND status = 'pending' \
-              RETURNING {COLUMNS}), \
-         event AS ( \
-             INSERT INTO events (id, merchant_id, charge_id, type, payload) \
-             SELECT $6, merchant_id, id, 'charge.' || status, $7 FROM updated) \
-         SELECT {COLUMNS} FROM updated"
-    );
-    let statement = client.prepare_cached(&sql).await?;
+) -> Result<Option<Charge>, DbError> {
     let (payment_id, code, message) = match outcome {
         Outcome::Succeeded { payment_id } => (Some(payment_id.as_str()), None, None),
         Outcome::Declined {
@@ -253,10 +326,9 @@ pub async fn record_outcome(
             Some(message.as_str()),
         ),
     };
-    let payload = serde_json::to_value(charge.with_outcome(outcome)).unwrap_or(Value::Null);
-    let row = client
+    let row = conn
         .query_opt(
-            &statement,
+            &RECORD_OUTCOME,
             &[
                 charge.id.as_uuid(),
                 &outcome.status().as_str(),
@@ -264,11 +336,11 @@ pub async fn record_outcome(
                 &message,
                 &payment_id,
                 &Uuid::now_v7(),
-                &payload,
+                &Json(charge.with_outcome(outcome)),
             ],
         )
         .await?;
-    row.as_ref().map(charge_from_row).transpose()
+    row.as_ref().map(decode).transpose()
 }
 
 /// Releases the idempotency keys of final charges created before `cutoff`,
@@ -276,21 +348,11 @@ pub async fn record_outcome(
 /// charges keep their key until they are final. Ids are time-ordered, so the
 /// cutoff is an id bound and the scan is an index range.
 pub async fn release_expired_keys(
-    client: &impl GenericClient,
+    conn: &Conn,
     cutoff: DateTime<Utc>,
     batch: i64,
-) -> Result<u64, Error> {
-    let statement = client
-        .prepare_cached(
-            "UPDATE charges SET client_idempotency_key = NULL \
-              WHERE id IN (SELECT id FROM charges \
-                            WHERE client_idempotency_key IS NOT NULL AND id < $1 \
-                              AND status <> 'pending' \
-                            ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)",
-        )
-        .await?;
-    client
-        .execute(&statement, &[&uuid_v7_floor(cutoff), &batch])
+) -> Result<u64, DbError> {
+    conn.execute(&RELEASE_EXPIRED_KEYS, &[&uuid_v7_floor(cutoff), &batch])
         .await
 }
 
@@ -303,25 +365,24 @@ fn uuid_v7_floor(at: DateTime<Utc>) -> Uuid {
     Uuid::from_bytes(bytes)
 }
 
-fn charge_from_row(row: &Row) -> Result<Charge, Error> {
-    let fingerprint: &[u8] = row.try_get("request_fingerprint")?;
-    let status: &str = row.try_get("status")?;
-    let metadata: Value = row.try_get("metadata")?;
+/// A charge from a row of `charge_columns!()`, read by name. Every column
+/// decodes exactly (see `codec`) or the whole row is an error.
+fn decode(row: &Row) -> Result<Charge, DbError> {
+    let Json(metadata): Json<BTreeMap<String, String>> = column(row, "metadata")?;
     Ok(Charge {
-        id: ChargeId::from_uuid(row.try_get("id")?),
-        merchant_id: MerchantId::from_uuid(row.try_get("merchant_id")?),
-        // The schema's CHECK constraints guarantee both forms.
-        fingerprint: Fingerprint::from_bytes(fingerprint).unwrap_or(Fingerprint::ZERO),
-        status: ChargeStatus::parse(status).unwrap_or(ChargeStatus::Pending),
-        amount: row.try_get("amount")?,
-        currency: row.try_get("currency")?,
-        customer: row.try_get("customer")?,
-        description: row.try_get("description")?,
-        metadata: serde_json::from_value::<BTreeMap<String, String>>(metadata).unwrap_or_default(),
-        failure_code: row.try_get("failure_code")?,
-        failure_message: row.try_get("failure_message")?,
-        locked_until: row.try_get("locked_until")?,
-        created_at: row.try_get("created_at")?,
+        id: ChargeId::from_uuid(column(row, "id")?),
+        merchant_id: MerchantId::from_uuid(column(row, "merchant_id")?),
+        fingerprint: column(row, "request_fingerprint")?,
+        status: column(row, "status")?,
+        amount: column(row, "amount")?,
+        currency: column(row, "currency")?,
+        customer: column(row, "customer")?,
+        description: column(row, "description")?,
+        metadata,
+        failure_code: column(row, "failure_code")?,
+        failure_message: column(row, "failure_message")?,
+        locked_until: column(row, "locked_until")?,
+        created_at: column(row, "created_at")?,
     })
 }
 

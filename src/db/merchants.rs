@@ -1,46 +1,38 @@
 //! Merchants and their API keys.
 
-use deadpool_postgres::GenericClient;
-use tokio_postgres::Error;
+use tokio_postgres::types::Type;
 
+use super::codec::column;
+use super::{Conn, DbError, Statement};
 use crate::domain::{ApiKey, MerchantId};
 
-/// Creates a merchant with one fresh API key, in one transaction. The secret
-/// is returned to be shown once; only its digest is stored.
-pub async fn create(
-    client: &mut deadpool_postgres::Client,
-    name: &str,
-) -> Result<(MerchantId, ApiKey), Error> {
+/// The merchant and its first key in one statement, hence one transaction.
+pub const CREATE: Statement = Statement {
+    sql: "WITH merchant AS (INSERT INTO merchants (id, name) VALUES ($1, $2) RETURNING id) \
+          INSERT INTO api_keys (key_hash, merchant_id) SELECT $3, id FROM merchant",
+    params: &[Type::UUID, Type::TEXT, Type::BYTEA],
+};
+
+pub const FIND_BY_DIGEST: Statement = Statement {
+    sql: "SELECT merchant_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
+    params: &[Type::BYTEA],
+};
+
+/// Creates a merchant with one fresh API key. The secret is returned to be
+/// shown once; only its digest is stored.
+pub async fn create(conn: &Conn, name: &str) -> Result<(MerchantId, ApiKey), DbError> {
     let id = MerchantId::new();
     let key = ApiKey::generate();
-    let transaction = client.transaction().await?;
-    transaction
-        .execute(
-            "INSERT INTO merchants (id, name) VALUES ($1, $2)",
-            &[id.as_uuid(), &name],
-        )
+    conn.execute(&CREATE, &[id.as_uuid(), &name, &key.digest().as_slice()])
         .await?;
-    transaction
-        .execute(
-            "INSERT INTO api_keys (key_hash, merchant_id) VALUES ($1, $2)",
-            &[&key.digest().as_slice(), id.as_uuid()],
-        )
-        .await?;
-    transaction.commit().await?;
     Ok((id, key))
 }
 
 /// The merchant whose unrevoked API key has this digest.
-pub async fn find_by_digest(
-    client: &impl GenericClient,
-    digest: &[u8; 32],
-) -> Result<Option<MerchantId>, Error> {
-    let statement = client
-        .prepare_cached(
-            "SELECT merchant_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
-        )
+pub async fn find_by_digest(conn: &Conn, digest: &[u8; 32]) -> Result<Option<MerchantId>, DbError> {
+    let row = conn
+        .query_opt(&FIND_BY_DIGEST, &[&digest.as_slice()])
         .await?;
-    let row = client.query_opt(&statement, &[&digest.as_slice()]).await?;
-    row.map(|row| row.try_get(0).map(MerchantId::from_uuid))
+    row.map(|row| column(&row, "merchant_id").map(MerchantId::from_uuid))
         .transpose()
 }

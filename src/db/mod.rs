@@ -1,15 +1,24 @@
 //! Persistence: the pool, the embedded migrations, and one small function per
 //! statement. No SQL lives outside this module.
+//!
+//! Every statement goes through a [`Conn`], which bounds it by a client-side
+//! deadline: PostgreSQL's own `statement_timeout` cannot help when the server
+//! (or the network to it) stops answering, and a request must not hang for as
+//! long as a partition lasts. A connection whose statement ran out of time is
+//! in an unknown state, so it is discarded, never handed out again.
 
 pub mod charges;
+mod codec;
 pub mod merchants;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{
-    Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime, Timeouts,
+    Manager, ManagerConfig, Object, Pool, QueueMode, RecyclingMethod, Runtime, Timeouts,
 };
-use tokio_postgres::NoTls;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{NoTls, Row};
 
 use crate::config::DatabaseSettings;
 
@@ -20,20 +29,68 @@ mod embedded {
 /// Any fixed number serves: it only has to be the same for every instance.
 const MIGRATION_LOCK: i64 = 0x6368_6172_6765_6f6e; // "chargeon"
 
+/// One SQL statement with the types of its parameters. The statements are
+/// constants, built once, and public so the benchmark runs exactly what the
+/// service runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Statement {
+    pub sql: &'static str,
+    pub params: &'static [Type],
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
     #[error("database.url: {0}")]
     Url(#[source] tokio_postgres::Error),
-    #[error("cannot connect to PostgreSQL: {0}")]
+    #[error("cannot connect to PostgreSQL")]
     Connect(#[source] tokio_postgres::Error),
     #[error("PostgreSQL did not answer within {0:?}")]
     Timeout(Duration),
-    #[error("migration failed: {0}")]
+    #[error("migration failed")]
     Migrate(#[from] refinery::Error),
-    #[error("database error: {0}")]
+    #[error("database error")]
     Query(#[from] tokio_postgres::Error),
-    #[error("database pool: {0}")]
-    Pool(String),
+    #[error("no database connection")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("cannot build the connection pool: {0}")]
+    Build(String),
+    /// A row the schema should not allow: a bug to see, not to paper over.
+    #[error("a stored row does not decode: {0}")]
+    Decode(String),
+}
+
+impl DbError {
+    /// Whether the database could not be reached or did not answer in time
+    /// (then the caller fails closed with 503), rather than a bug (500).
+    pub fn is_transient(&self) -> bool {
+        use tokio_postgres::error::SqlState;
+        match self {
+            Self::Connect(_) | Self::Timeout(_) => true,
+            Self::Pool(deadpool_postgres::PoolError::Backend(error)) | Self::Query(error) => {
+                match error.code() {
+                    // No SQLSTATE: the connection failed or closed (an IO
+                    // error), or the statement itself is wrong (a bug).
+                    None => {
+                        error.is_closed()
+                            || std::error::Error::source(error)
+                                .is_some_and(|s| s.is::<std::io::Error>())
+                    }
+                    Some(code) => {
+                        *code == SqlState::QUERY_CANCELED
+                            || *code == SqlState::ADMIN_SHUTDOWN
+                            || *code == SqlState::CRASH_SHUTDOWN
+                            || *code == SqlState::CANNOT_CONNECT_NOW
+                            || *code == SqlState::TOO_MANY_CONNECTIONS
+                            || *code == SqlState::T_R_SERIALIZATION_FAILURE
+                            || *code == SqlState::T_R_DEADLOCK_DETECTED
+                            || code.code().starts_with("08")
+                    }
+                }
+            }
+            Self::Pool(_) => true,
+            Self::Url(_) | Self::Migrate(_) | Self::Build(_) | Self::Decode(_) => false,
+        }
+    }
 }
 
 fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, DbError> {
@@ -53,36 +110,161 @@ fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, DbEr
     Ok(config)
 }
 
-/// A connection pool of at most `max_size` connections. Creating it connects
-/// to nothing; connections open on demand, bounded by `connect_timeout_ms`,
-/// so an unreachable database turns into a quick 503 rather than a hung
-/// request. The task that drives a connection runs on the thread that opened
-/// it.
-pub fn build_pool(settings: &DatabaseSettings, max_size: usize) -> Result<Pool, DbError> {
-    let manager = Manager::from_config(
-        pg_config(settings)?,
-        NoTls,
-        // Fast: no extra round trip per checkout; a closed connection is
-        // still detected and replaced.
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    let timeout = Some(settings.connect_timeout());
-    Pool::builder(manager)
-        .max_size(max_size)
-        // The connection used last is used next: at low load a request finds
-        // a PostgreSQL backend whose caches are warm instead of cycling
-        // through all of them (BENCHMARKS.md, history).
-        .queue_mode(QueueMode::Lifo)
-        .timeouts(Timeouts {
-            wait: timeout,
-            create: timeout,
-            recycle: timeout,
+/// A pool of connections and the deadline of each statement run on them.
+#[derive(Clone)]
+pub struct Database {
+    pool: Pool,
+    query_timeout: Duration,
+}
+
+impl Database {
+    /// A pool of at most `max_size` connections. Creating it connects to
+    /// nothing; connections open on demand, bounded by `connect_timeout_ms`,
+    /// so an unreachable database turns into a quick 503 rather than a hung
+    /// request. The task that drives a connection runs on the thread that
+    /// opened it.
+    pub fn new(settings: &DatabaseSettings, max_size: usize) -> Result<Self, DbError> {
+        let manager = Manager::from_config(
+            pg_config(settings)?,
+            NoTls,
+            // Fast: no extra round trip per checkout; a closed connection is
+            // still detected and replaced, and a hung one is discarded by
+            // the statement deadline.
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let timeout = Some(settings.connect_timeout());
+        let pool = Pool::builder(manager)
+            .max_size(max_size)
+            // The connection used last is used next: at low load a request
+            // finds a PostgreSQL backend whose caches are warm instead of
+            // cycling through all of them (BENCHMARKS.md, history).
+            .queue_mode(QueueMode::Lifo)
+            .timeouts(Timeouts {
+                wait: timeout,
+                create: timeout,
+                recycle: timeout,
+            })
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| DbError::Build(e.to_string()))?;
+        Ok(Self {
+            pool,
+            query_timeout: settings.query_timeout(),
         })
-        .runtime(Runtime::Tokio1)
-        .build()
-        .map_err(|e| DbError::Pool(e.to_string()))
+    }
+
+    /// A connection, waiting at most `connect_timeout_ms` for one.
+    pub async fn conn(&self) -> Result<Conn, DbError> {
+        Ok(Conn {
+            client: Some(self.pool.get().await?),
+            deadline: self.query_timeout,
+            broken: AtomicBool::new(false),
+        })
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub fn close(&self) {
+        self.pool.close();
+    }
+}
+
+/// A pooled connection whose statements run under a deadline. Dropping it
+/// returns it to the pool, unless a statement ran out of time or the
+/// connection broke: then it is closed.
+pub struct Conn {
+    client: Option<Object>,
+    deadline: Duration,
+    broken: AtomicBool,
+}
+
+impl Conn {
+    fn client(&self) -> &Object {
+        // Only `Drop` takes the client out.
+        self.client.as_ref().unwrap_or_else(|| unreachable!())
+    }
+
+    /// Prepares (once per connection) and runs `statement` within the
+    /// deadline.
+    async fn bounded<T, F>(&self, work: F) -> Result<T, DbError>
+    where
+        F: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        match tokio::time::timeout(self.deadline, work).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => {
+                if error.is_closed() {
+                    self.broken.store(true, Ordering::Relaxed);
+                }
+                Err(DbError::Query(error))
+            }
+            Err(_) => {
+                self.broken.store(true, Ordering::Relaxed);
+                Err(DbError::Timeout(self.deadline))
+            }
+        }
+    }
+
+    async fn prepared(
+        &self,
+        statement: &Statement,
+    ) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
+        self.client()
+            .prepare_typed_cached(statement.sql, statement.params)
+            .await
+    }
+
+    pub async fn query(
+        &self,
+        statement: &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, DbError> {
+        self.bounded(async {
+            let prepared = self.prepared(statement).await?;
+            self.client().query(&prepared, params).await
+        })
+        .await
+    }
+
+    pub async fn query_opt(
+        &self,
+        statement: &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, DbError> {
+        self.bounded(async {
+            let prepared = self.prepared(statement).await?;
+            self.client().query_opt(&prepared, params).await
+        })
+        .await
+    }
+
+    pub async fn execute(
+        &self,
+        statement: &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, DbError> {
+        self.bounded(async {
+            let prepared = self.prepared(statement).await?;
+            self.client().execute(&prepared, params).await
+        })
+        .await
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            if self.broken.load(Ordering::Relaxed) {
+                // Detached from the pool and dropped: the connection closes
+                // and the pool opens a fresh one when it needs it.
+                drop(Object::take(client));
+            }
+        }
+    }
 }
 
 /// Applies the embedded migrations that are not applied yet. Several
@@ -122,15 +304,16 @@ pub fn latest_migration() -> i64 {
         .unwrap_or(0)
 }
 
+pub const APPLIED_MIGRATION: Statement = Statement {
+    sql: "SELECT max(version)::bigint AS version FROM refinery_schema_history",
+    params: &[],
+};
+
 /// The newest migration version applied to the database, if any.
-pub async fn applied_migration(
-    client: &impl deadpool_postgres::GenericClient,
-) -> Result<Option<i64>, tokio_postgres::Error> {
-    let row = client
-        .query_opt(
-            "SELECT max(version)::bigint FROM refinery_schema_history",
-            &[],
-        )
-        .await?;
-    Ok(row.and_then(|row| row.get::<_, Option<i64>>(0)))
+pub async fn applied_migration(conn: &Conn) -> Result<Option<i64>, DbError> {
+    let row = conn.query_opt(&APPLIED_MIGRATION, &[]).await?;
+    Ok(row
+        .map(|row| codec::column::<Option<i64>>(&row, "version"))
+        .transpose()?
+        .flatten())
 }

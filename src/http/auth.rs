@@ -8,10 +8,10 @@ use std::pin::Pin;
 use actix_web::http::header::AUTHORIZATION;
 use actix_web::{dev::Payload, web, FromRequest, HttpRequest};
 
+use crate::db::Database;
 use crate::domain::{ApiKey, MerchantId};
 use crate::error::ApiError;
-use crate::service::api_keys::authenticate;
-use crate::state::AppState;
+use crate::service::api_keys::ApiKeyCache;
 
 pub struct AuthenticatedMerchant(pub MerchantId);
 
@@ -21,11 +21,17 @@ impl FromRequest for AuthenticatedMerchant {
 
     fn from_request(request: &HttpRequest, _: &mut Payload) -> Self::Future {
         let secret = bearer_token(request).map(ApiKey::from_secret);
-        let state = request.app_data::<web::Data<AppState>>().cloned();
+        let cache = request.app_data::<web::Data<ApiKeyCache>>().cloned();
+        let db = request.app_data::<web::Data<Database>>().cloned();
         Box::pin(async move {
             let key = secret.ok_or(ApiError::Unauthenticated)?;
-            let state = state.ok_or_else(|| ApiError::Internal("no app state".to_owned()))?;
-            authenticate(&state, &key)
+            let (Some(cache), Some(db)) = (cache, db) else {
+                return Err(ApiError::Internal(
+                    "the app carries no API-key cache".into(),
+                ));
+            };
+            cache
+                .authenticate(&db, &key)
                 .await?
                 .map(AuthenticatedMerchant)
                 .ok_or(ApiError::Unauthenticated)

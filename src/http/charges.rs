@@ -4,42 +4,42 @@ use actix_web::http::{header, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 
-use super::body;
-use super::AuthenticatedMerchant;
-use crate::db;
+use super::{body, AuthenticatedMerchant, HttpLimits};
 use crate::domain::{Charge, ChargeId, ChargeStatus, FieldError, Fingerprint, NewCharge};
 use crate::error::{ApiError, Problem, PROBLEM_JSON};
-use crate::service::charges::{self as service, ChargeReply};
-use crate::state::AppState;
+use crate::service::charges::{ChargeReply, Charges};
 
 pub const REPLAYED: &str = "idempotent-replayed";
 
 pub async fn create(
-    state: web::Data<AppState>,
+    charges: web::Data<Charges>,
+    limits: web::Data<HttpLimits>,
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,
     request: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let key = body::idempotency_key(&request)?;
-    let body = body::json(&request, payload, state.max_body_bytes).await?;
+    let body = body::json(&request, payload, limits.max_body_bytes).await?;
     let fingerprint = Fingerprint::of(&body);
     let new_charge = NewCharge::parse(&body)
         .map_err(|errors| ApiError::invalid("the charge request is invalid", errors))?;
-    let reply = service::create(state, merchant, &key, fingerprint, &new_charge).await?;
-    Ok(charge_response(&reply))
+    let reply = charges
+        .create(merchant, &key, fingerprint, &new_charge)
+        .await?;
+    charge_response(&reply)
 }
 
 /// The answer for a charge, from its stored row alone, so a replay renders
 /// the same status and the same bytes as the first answer.
-fn charge_response(reply: &ChargeReply) -> HttpResponse {
+fn charge_response(reply: &ChargeReply) -> Result<HttpResponse, ApiError> {
     let charge = &reply.charge;
     let (status, content_type, body) = match charge.status {
-        ChargeStatus::Succeeded => (StatusCode::CREATED, "application/json", to_json(charge)),
-        ChargeStatus::Pending => (StatusCode::ACCEPTED, "application/json", to_json(charge)),
+        ChargeStatus::Succeeded => (StatusCode::CREATED, "application/json", to_json(charge)?),
+        ChargeStatus::Pending => (StatusCode::ACCEPTED, "application/json", to_json(charge)?),
         ChargeStatus::Failed => (
             StatusCode::PAYMENT_REQUIRED,
             PROBLEM_JSON,
-            declined_problem(charge),
+            declined_problem(charge)?,
         ),
     };
     let mut response = HttpResponse::build(status);
@@ -49,7 +49,7 @@ fn charge_response(reply: &ChargeReply) -> HttpResponse {
     if reply.replayed {
         response.insert_header((REPLAYED, "true"));
     }
-    response.body(body)
+    Ok(response.body(body))
 }
 
 #[derive(Serialize)]
@@ -58,7 +58,7 @@ struct Declined<'a> {
     charge: &'a Charge,
 }
 
-fn declined_problem(charge: &Charge) -> String {
+fn declined_problem(charge: &Charge) -> Result<String, ApiError> {
     let code = charge.failure_code.as_deref().unwrap_or("card_declined");
     Problem::new(
         StatusCode::PAYMENT_REQUIRED,
@@ -74,27 +74,24 @@ fn declined_problem(charge: &Charge) -> String {
         },
     )
     .to_body()
+    .map_err(|e| ApiError::Internal(e.into()))
 }
 
-fn to_json<T: Serialize>(value: &T) -> String {
-    // Charges hold strings, integers and string maps: serialising cannot fail.
-    serde_json::to_string(value).unwrap_or_default()
+fn to_json<T: Serialize>(value: &T) -> Result<String, ApiError> {
+    serde_json::to_string(value).map_err(|e| ApiError::Internal(e.into()))
 }
 
 pub async fn get(
-    state: web::Data<AppState>,
+    charges: web::Data<Charges>,
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     // A malformed id names no charge: the same 404 as someone else's charge.
     let id = ChargeId::parse(&id).ok_or(ApiError::NotFound)?;
-    let client = state.pool.get().await?;
-    let charge = db::charges::find(&client, merchant, id)
-        .await?
-        .ok_or(ApiError::NotFound)?;
+    let charge = charges.get(merchant, id).await?;
     Ok(HttpResponse::Ok()
         .content_type("application/json")
-        .body(to_json(&charge)))
+        .body(to_json(&charge)?))
 }
 
 pub const DEFAULT_PAGE: i64 = 10;
@@ -109,13 +106,12 @@ struct Page<'a> {
 }
 
 pub async fn list(
-    state: web::Data<AppState>,
+    charges: web::Data<Charges>,
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,
     request: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let (limit, starting_after) = page_query(request.query_string())?;
-    let client = state.pool.get().await?;
-    let mut charges = db::charges::list(&client, merchant, limit + 1, starting_after).await?;
+    let mut charges = charges.list(merchant, limit + 1, starting_after).await?;
     let has_more = charges.len() as i64 > limit;
     charges.truncate(limit as usize);
     let page = Page {
@@ -126,7 +122,7 @@ pub async fn list(
     };
     Ok(HttpResponse::Ok()
         .content_type("application/json")
-        .body(to_json(&page)))
+        .body(to_json(&page)?))
 }
 
 /// `limit` (1..=100, default 10) and `starting_after` (a charge id); any

@@ -3,9 +3,9 @@
 use actix_web::{web, HttpResponse};
 use serde_json::json;
 
-use crate::db;
+use crate::db::Database;
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::service::health;
 
 /// The process is up and serving HTTP.
 pub async fn healthz() -> HttpResponse {
@@ -13,15 +13,7 @@ pub async fn healthz() -> HttpResponse {
 }
 
 /// The database answers and carries every migration this binary knows.
-pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let client = state.pool.get().await?;
-    let applied = db::applied_migration(&client).await.ok().flatten();
-    let expected = db::latest_migration();
-    if applied.is_some_and(|v| v >= expected) {
-        Ok(HttpResponse::Ok().json(json!({"status": "ready", "migration": expected})))
-    } else {
-        Err(ApiError::ServiceUnavailable(format!(
-            "database schema at {applied:?}, this binary needs {expected}"
-        )))
-    }
+pub async fn readyz(db: web::Data<Database>) -> Result<HttpResponse, ApiError> {
+    let migration = health::ready(&db).await?;
+    Ok(HttpResponse::Ok().json(json!({"status": "ready", "migration": migration})))
 }

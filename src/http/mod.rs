@@ -13,6 +13,12 @@ use actix_web::{web, HttpResponse};
 
 pub use auth::AuthenticatedMerchant;
 
+/// Request limits the handlers enforce.
+#[derive(Debug, Clone)]
+pub struct HttpLimits {
+    pub max_body_bytes: usize,
+}
+
 use crate::error::ApiError;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {

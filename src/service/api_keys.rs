@@ -7,10 +7,10 @@ use std::collections::HashMap;
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
-use crate::db;
+use crate::db::{self, Database};
 use crate::domain::{ApiKey, MerchantId};
-use crate::error::ApiError;
-use crate::state::AppState;
+
+use super::ServiceError;
 
 /// Most keys kept; past it, expired entries go, and if that is not enough the
 /// cache starts over. Merchants are few; this only bounds memory.
@@ -27,6 +27,24 @@ impl ApiKeyCache {
             ttl,
             entries: RwLock::new(HashMap::new()),
         }
+    }
+
+    /// The merchant that owns `key`, or `None` for an unknown or revoked key.
+    pub async fn authenticate(
+        &self,
+        db: &Database,
+        key: &ApiKey,
+    ) -> Result<Option<MerchantId>, ServiceError> {
+        let digest = key.digest();
+        if let Some(merchant) = self.get(&digest) {
+            return Ok(Some(merchant));
+        }
+        let conn = db.conn().await?;
+        let merchant = db::merchants::find_by_digest(&conn, &digest).await?;
+        if let Some(merchant) = merchant {
+            self.insert(digest, merchant);
+        }
+        Ok(merchant)
     }
 
     fn get(&self, digest: &[u8; 32]) -> Option<MerchantId> {
@@ -50,20 +68,6 @@ impl ApiKeyCache {
         }
         entries.insert(digest, (merchant, Instant::now()));
     }
-}
-
-/// The merchant that owns `key`, or `None` for an unknown or revoked key.
-pub async fn authenticate(state: &AppState, key: &ApiKey) -> Result<Option<MerchantId>, ApiError> {
-    let digest = key.digest();
-    if let Some(merchant) = state.api_keys.get(&digest) {
-        return Ok(Some(merchant));
-    }
-    let client = state.pool.get().await?;
-    let merchant = db::merchants::find_by_digest(&client, &digest).await?;
-    if let Some(merchant) = merchant {
-        state.api_keys.insert(digest, merchant);
-    }
-    Ok(merchant)
 }
 
 #[cfg(test)]

@@ -1,5 +1,46 @@
-//! Core flows: what a request does, independent of HTTP. Handlers parse and
-//! authenticate, call one function here, and render its result.
+//! Core flows: what a request does, independent of HTTP. Each service takes
+//! its dependencies explicitly (a `Database`, the processor, settings) and
+//! returns a `ServiceError`; `crate::error` is the one bridge to HTTP.
 
 pub mod api_keys;
 pub mod charges;
+pub mod health;
+
+use std::time::Duration;
+
+use crate::db::DbError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// PostgreSQL could not be reached or did not answer in time; nothing
+    /// was done by this call.
+    #[error("the database is unavailable")]
+    Unavailable(#[source] DbError),
+    /// A database error that retrying will not fix: a bug.
+    #[error("database failure")]
+    Database(#[source] DbError),
+    #[error("the database schema is at version {applied:?}, this binary needs {expected}")]
+    SchemaBehind { applied: Option<i64>, expected: i64 },
+    #[error("this idempotency key was already used with a different request")]
+    KeyReused,
+    #[error("a request with this idempotency key is still in flight")]
+    KeyInUse { retry_after: Duration },
+    /// The key was released and taken again while this request looked it up,
+    /// repeatedly; retrying is safe.
+    #[error("the idempotency key kept changing hands")]
+    KeyContended,
+    #[error("no such resource")]
+    NotFound,
+    #[error("a charge task failed")]
+    TaskFailed(#[source] tokio::task::JoinError),
+}
+
+impl From<DbError> for ServiceError {
+    fn from(error: DbError) -> Self {
+        if error.is_transient() {
+            Self::Unavailable(error)
+        } else {
+            Self::Database(error)
+        }
+    }
+}

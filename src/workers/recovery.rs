@@ -6,14 +6,13 @@
 
 use std::time::Duration;
 
-use actix_web::web;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RecoverySettings;
-use crate::service::charges::recover_abandoned;
-use crate::state::AppState;
+use crate::service::charges::Charges;
+use crate::telemetry::error_chain;
 
-pub async fn run(state: web::Data<AppState>, settings: RecoverySettings, stop: CancellationToken) {
+pub async fn run(charges: Charges, settings: RecoverySettings, stop: CancellationToken) {
     let interval = Duration::from_millis(settings.interval_ms);
     loop {
         tokio::select! {
@@ -22,11 +21,11 @@ pub async fn run(state: web::Data<AppState>, settings: RecoverySettings, stop: C
         }
         // A full batch suggests a backlog: go again at once.
         loop {
-            match recover_abandoned(&state, settings.batch_size).await {
+            match charges.recover_abandoned(settings.batch_size).await {
                 Ok(claimed) if claimed as i64 >= settings.batch_size && !stop.is_cancelled() => {}
                 Ok(_) => break,
                 Err(error) => {
-                    tracing::warn!(%error, "recovery round failed; will retry");
+                    tracing::warn!(error = %error_chain(&error), "recovery round failed; will retry");
                     break;
                 }
             }

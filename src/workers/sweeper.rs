@@ -6,44 +6,44 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use deadpool_postgres::Pool;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::IdempotencySettings;
-use crate::db;
+use crate::db::{self, Database};
+use crate::service::ServiceError;
+use crate::telemetry::error_chain;
 
 /// Most batches one round may release, so a backlog never monopolises a
 /// connection; the next round continues.
 const MAX_BATCHES_PER_ROUND: usize = 100;
 
-pub async fn run(pool: Pool, settings: IdempotencySettings, stop: CancellationToken) {
+pub async fn run(db: Database, settings: IdempotencySettings, stop: CancellationToken) {
     let interval = Duration::from_millis(settings.sweep_interval_ms);
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(interval) => {}
         }
-        match sweep(&pool, &settings).await {
+        match sweep(&db, &settings).await {
             Ok(0) => {}
             Ok(released) => tracing::info!(released, "released expired idempotency keys"),
-            Err(error) => tracing::warn!(%error, "key sweep failed; will retry"),
+            Err(error) => {
+                tracing::warn!(error = %error_chain(&error), "key sweep failed; will retry")
+            }
         }
     }
 }
 
 /// One round: releases expired keys batch by batch; returns how many.
-pub async fn sweep(
-    pool: &Pool,
-    settings: &IdempotencySettings,
-) -> Result<u64, crate::error::ApiError> {
+pub async fn sweep(db: &Database, settings: &IdempotencySettings) -> Result<u64, ServiceError> {
     let retention =
         chrono::Duration::from_std(settings.retention()).unwrap_or(chrono::Duration::MAX);
     let cutoff = Utc::now() - retention;
-    let client = pool.get().await?;
+    let conn = db.conn().await?;
     let mut total = 0;
     for _ in 0..MAX_BATCHES_PER_ROUND {
         let released =
-            db::charges::release_expired_keys(&client, cutoff, settings.sweep_batch_size).await?;
+            db::charges::release_expired_keys(&conn, cutoff, settings.sweep_batch_size).await?;
         total += released;
         if released < settings.sweep_batch_size as u64 {
             break;

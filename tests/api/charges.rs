@@ -32,7 +32,7 @@ async fn a_new_charge_succeeds_with_201_and_the_charge() {
     assert_eq!(charge["failure_code"], json!(null));
 
     // Stored with its key, final, lease released, one outbox event.
-    let client = app.pool.get().await.unwrap();
+    let client = app.sql().await;
     let row = client
         .query_one(
             "SELECT client_idempotency_key, status, locked_until IS NULL, processor_payment_id \

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chargeonce::config::{ProcessorKind, Settings};
+use chargeonce::db::Database;
 use chargeonce::processor::{PaymentProcessor, SimulatedProcessor};
 use chargeonce::startup::Application;
 use chargeonce_testkit::TestDatabase;
-use deadpool_postgres::Pool;
 use reqwest::header::HeaderMap;
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -44,8 +44,9 @@ pub fn test_settings(database_url: &str) -> Settings {
 pub struct TestApp {
     pub address: String,
     /// Dropped (with the database) when the app is.
-    _database: TestDatabase,
-    pub pool: Pool,
+    database: TestDatabase,
+    /// The service's own pool, for calling `chargeonce::db` directly.
+    pub db: Database,
     pub api_key: String,
     pub processor: Arc<SimulatedProcessor>,
     pub http: reqwest::Client,
@@ -109,12 +110,12 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
         .await
         .expect("build application");
     let address = format!("http://127.0.0.1:{}", app.port());
-    let pool = app.pool().clone();
+    let db = app.database().clone();
     tokio::spawn(app.run_until_stopped());
     let mut test_app = TestApp {
         address,
-        _database: database,
-        pool,
+        database,
+        db,
         api_key: String::new(),
         processor,
         http: reqwest::Client::new(),
@@ -129,8 +130,8 @@ pub fn charge_body(amount: i64) -> String {
 
 impl TestApp {
     pub async fn create_merchant(&self, name: &str) -> String {
-        let mut client = self.pool.get().await.expect("db");
-        let (_, key) = chargeonce::db::merchants::create(&mut client, name)
+        let conn = self.db.conn().await.expect("db");
+        let (_, key) = chargeonce::db::merchants::create(&conn, name)
             .await
             .expect("create merchant");
         key.expose_secret().to_owned()
@@ -187,9 +188,18 @@ impl TestApp {
         .await
     }
 
+    /// A plain connection to the app's database, for any SQL a test needs.
+    pub async fn sql(&self) -> tokio_postgres::Client {
+        self.database.client().await
+    }
+
     pub async fn count(&self, sql: &str) -> i64 {
-        let client = self.pool.get().await.expect("db");
-        client.query_one(sql, &[]).await.expect(sql).get(0)
+        self.sql()
+            .await
+            .query_one(sql, &[])
+            .await
+            .expect(sql)
+            .get(0)
     }
 
     pub async fn charge_rows(&self) -> i64 {

@@ -285,7 +285,7 @@ async fn under_injected_faults_every_logical_charge_is_made_once() {
     );
     assert_eq!(payments.len(), 300, "one payment per logical charge");
     // Each payment belongs to exactly one charge, with the same outcome.
-    let client = app.pool.get().await.unwrap();
+    let client = app.sql().await;
     let rows = client
         .query("SELECT id, status, amount FROM charges", &[])
         .await

@@ -20,7 +20,7 @@ async fn the_sweeper_releases_only_expired_keys() {
         .as_secs()
         - 48 * 3600;
     let old_id = Uuid::new_v7(Timestamp::from_unix(NoContext, two_days_ago, 0));
-    let client = app.pool.get().await.unwrap();
+    let client = app.sql().await;
     client
         .execute(
             "INSERT INTO charges (id, merchant_id, client_idempotency_key, request_fingerprint, \

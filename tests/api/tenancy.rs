@@ -78,10 +78,8 @@ async fn a_missing_or_wrong_api_key_is_401_and_writes_nothing() {
 async fn a_revoked_key_stops_working_within_the_cache_ttl() {
     let app = spawn_app_with(|s| s.auth.cache_ttl_ms = 300).await;
     assert_eq!(app.get("/v1/charges").await.status, 200);
-    app.pool
-        .get()
+    app.sql()
         .await
-        .unwrap()
         .execute("UPDATE api_keys SET revoked_at = now()", &[])
         .await
         .unwrap();
