@@ -100,10 +100,18 @@ fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, DbEr
         Some(existing) if !existing.is_empty() => format!("{existing} {statement_timeout}"),
         _ => statement_timeout,
     };
+    // TCP keepalive finds a peer that vanished while a connection sat idle
+    // (about 10 + 3 × 5 s); tcp_user_timeout closes a connection whose sent
+    // data stays unacknowledged past the statement deadline. A peer that
+    // acknowledges but never answers (a stalled proxy) is left to the
+    // statement deadline in `Conn`.
     config
         .options(&options)
         .connect_timeout(settings.connect_timeout())
-        .keepalives_idle(Duration::from_secs(30));
+        .keepalives_idle(Duration::from_secs(10))
+        .keepalives_interval(Duration::from_secs(5))
+        .keepalives_retries(3)
+        .tcp_user_timeout(settings.query_timeout());
     if config.get_application_name().is_none() {
         config.application_name("chargeonce");
     }
@@ -157,11 +165,18 @@ impl Database {
 
     /// A connection, waiting at most `connect_timeout_ms` for one.
     pub async fn conn(&self) -> Result<Conn, DbError> {
-        Ok(Conn {
-            client: Some(self.pool.get().await?),
-            deadline: self.query_timeout,
-            broken: AtomicBool::new(false),
-        })
+        Ok(Conn::new(self.pool.get().await?, self.query_timeout))
+    }
+
+    /// A connection whose wait and statements all fit in `bound` (health
+    /// checks answer within a short bound of their own).
+    pub async fn conn_within(&self, bound: Duration) -> Result<Conn, DbError> {
+        let started = tokio::time::Instant::now();
+        let client = tokio::time::timeout(bound, self.pool.get())
+            .await
+            .map_err(|_| DbError::Timeout(bound))??;
+        let left = bound.saturating_sub(started.elapsed());
+        Ok(Conn::new(client, left.min(self.query_timeout)))
     }
 
     pub fn pool(&self) -> &Pool {
@@ -174,15 +189,25 @@ impl Database {
 }
 
 /// A pooled connection whose statements run under a deadline. Dropping it
-/// returns it to the pool, unless a statement ran out of time or the
-/// connection broke: then it is closed.
+/// returns it to the pool, unless a statement ran out of time, the
+/// connection broke, or a statement was abandoned half-way (its caller was
+/// cancelled): then it is closed, since what it will answer next is unknown.
 pub struct Conn {
     client: Option<Object>,
     deadline: Duration,
+    /// Set while a statement runs and left set if it did not end cleanly.
     broken: AtomicBool,
 }
 
 impl Conn {
+    fn new(client: Object, deadline: Duration) -> Self {
+        Self {
+            client: Some(client),
+            deadline,
+            broken: AtomicBool::new(false),
+        }
+    }
+
     fn client(&self) -> &Object {
         // Only `Drop` takes the client out.
         self.client.as_ref().unwrap_or_else(|| unreachable!())
@@ -194,18 +219,20 @@ impl Conn {
     where
         F: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     {
+        self.broken.store(true, Ordering::Relaxed);
         match tokio::time::timeout(self.deadline, work).await {
-            Ok(Ok(value)) => Ok(value),
+            Ok(Ok(value)) => {
+                self.broken.store(false, Ordering::Relaxed);
+                Ok(value)
+            }
             Ok(Err(error)) => {
-                if error.is_closed() {
-                    self.broken.store(true, Ordering::Relaxed);
-                }
+                // A statement PostgreSQL rejected leaves the connection as
+                // good as before; a closed or failing socket does not.
+                let connection_failed = error.code().is_none();
+                self.broken.store(connection_failed, Ordering::Relaxed);
                 Err(DbError::Query(error))
             }
-            Err(_) => {
-                self.broken.store(true, Ordering::Relaxed);
-                Err(DbError::Timeout(self.deadline))
-            }
+            Err(_) => Err(DbError::Timeout(self.deadline)),
         }
     }
 

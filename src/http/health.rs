@@ -1,5 +1,7 @@
 //! Liveness and readiness.
 
+use std::time::Duration;
+
 use actix_web::{web, HttpResponse};
 use serde_json::json;
 
@@ -12,8 +14,12 @@ pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
 }
 
+/// Longest `/readyz` takes to say the database does not answer: short, so
+/// a load balancer's probe is not held up by a partition.
+pub const READINESS_BOUND: Duration = Duration::from_secs(1);
+
 /// The database answers and carries every migration this binary knows.
 pub async fn readyz(db: web::Data<Database>) -> Result<HttpResponse, ApiError> {
-    let migration = health::ready(&db).await?;
+    let migration = health::ready(&db, READINESS_BOUND).await?;
     Ok(HttpResponse::Ok().json(json!({"status": "ready", "migration": migration})))
 }

@@ -1,13 +1,16 @@
 //! Readiness: the database answers and carries every migration this binary
 //! knows.
 
+use std::time::Duration;
+
 use crate::db::{self, Database};
 
 use super::ServiceError;
 
-/// The schema version, if the database is ready for this binary.
-pub async fn ready(db: &Database) -> Result<i64, ServiceError> {
-    let conn = db.conn().await?;
+/// The schema version, if the database is ready for this binary; the whole
+/// check takes at most `bound`.
+pub async fn ready(db: &Database, bound: Duration) -> Result<i64, ServiceError> {
+    let conn = db.conn_within(bound).await?;
     let applied = match db::applied_migration(&conn).await {
         Ok(version) => version,
         // Not migrated at all: no history table yet.
