@@ -112,6 +112,7 @@ pub struct ProcessorSettings {
 pub struct RecoverySettings {
     pub interval_ms: u64,
     pub batch_size: i64,
+    pub max_backoff_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -229,6 +230,9 @@ impl Settings {
         }
         if self.recovery.interval_ms == 0 {
             return Err(invalid("recovery.interval_ms", "must be at least 1"));
+        }
+        if self.recovery.max_backoff_ms == 0 {
+            return Err(invalid("recovery.max_backoff_ms", "must be at least 1"));
         }
         if !(1..=10_000).contains(&self.recovery.batch_size) {
             return Err(invalid(

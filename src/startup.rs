@@ -97,7 +97,12 @@ impl Application {
         let limits = web::Data::new(HttpLimits {
             max_body_bytes: settings.http.max_body_bytes,
         });
-        let charges = Charges::new(background_db.clone(), processor, &settings.idempotency);
+        let charges = Charges::new(
+            background_db.clone(),
+            processor,
+            &settings.idempotency,
+            &settings.recovery,
+        );
 
         let workers = match settings.server.workers {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),

@@ -20,7 +20,8 @@ use crate::domain::{
 macro_rules! charge_columns {
     () => {
         "id, merchant_id, request_fingerprint, amount, currency, customer, description, \
-         metadata, status, failure_code, failure_message, locked_until, created_at"
+         metadata, status, failure_code, failure_message, locked_until, processor_attempts, \
+         created_at"
     };
 }
 
@@ -110,28 +111,45 @@ pub const TAKE_OVER_OR_READ: Statement = Statement {
     params: &[Type::UUID, Type::INT8],
 };
 
+/// Pending charges whose lease ran out and whose backoff has passed.
 pub const CLAIM_ABANDONED: Statement = Statement {
     sql: concat!(
         "UPDATE charges SET locked_until = now() + $1::bigint * interval '1 millisecond', \
                             updated_at = now() \
           WHERE id IN (SELECT id FROM charges \
                         WHERE status = 'pending' AND locked_until <= now() \
+                          AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
                         ORDER BY locked_until LIMIT $2 FOR UPDATE SKIP LOCKED) \
             AND status = 'pending' AND locked_until <= now() \
+            AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
           RETURNING ",
         charge_columns!()
     ),
     params: &[Type::INT8, Type::INT8],
 };
 
-pub const RELEASE_LEASE: Statement = Statement {
+/// After an unknown outcome: count the attempt, end our lease (matched by
+/// its exact expiry) and tell the recovery worker when to try again.
+pub const RECORD_UNKNOWN: Statement = Statement {
     sql: concat!(
-        "UPDATE charges SET locked_until = now(), updated_at = now() \
+        "UPDATE charges SET locked_until = now(), processor_attempts = processor_attempts + 1, \
+                            next_attempt_at = now() + $3::bigint * interval '1 millisecond', \
+                            updated_at = now() \
           WHERE id = $1 AND status = 'pending' AND locked_until = $2 \
           RETURNING ",
         charge_columns!()
     ),
-    params: &[Type::UUID, Type::TIMESTAMPTZ],
+    params: &[Type::UUID, Type::TIMESTAMPTZ, Type::INT8],
+};
+
+/// Deletes a pending charge nobody has worked on since it was inserted (no
+/// takeover, no claim, no processor call): the undo of an insert whose
+/// commit was never confirmed to its request.
+pub const FORGET_UNCONFIRMED: Statement = Statement {
+    sql: "DELETE FROM charges \
+           WHERE merchant_id = $1 AND id = $2 AND status = 'pending' \
+             AND processor_attempts = 0 AND updated_at = created_at",
+    params: &[Type::UUID, Type::UUID],
 };
 
 pub const RECORD_OUTCOME: Statement = Statement {
@@ -292,18 +310,37 @@ pub async fn claim_abandoned(
     rows.iter().map(decode).collect()
 }
 
-/// Ends our lease early after an unknown processor outcome, so the next retry
-/// can ask the processor again at once. Only our own lease (matched by its
-/// exact expiry) is released, never one another request took over since.
-pub async fn release_lease(
+/// Records an unknown processor outcome: ends our lease early, so the
+/// client's next retry can ask the processor again at once, and sets when
+/// the recovery worker may try (`retry_in` from now). Only our own lease
+/// (matched by its exact expiry) is touched, never one another request took
+/// over since.
+pub async fn record_unknown(
     conn: &Conn,
     id: ChargeId,
     our_lease: DateTime<Utc>,
+    retry_in: Duration,
 ) -> Result<Option<Charge>, DbError> {
     let row = conn
-        .query_opt(&RELEASE_LEASE, &[id.as_uuid(), &our_lease])
+        .query_opt(
+            &RECORD_UNKNOWN,
+            &[id.as_uuid(), &our_lease, &lease_ms(retry_in)],
+        )
         .await?;
     row.as_ref().map(decode).transpose()
+}
+
+/// Deletes the charge `id` if it is still exactly as its insert left it;
+/// returns whether it did. See `FORGET_UNCONFIRMED`.
+pub async fn forget_unconfirmed(
+    conn: &Conn,
+    merchant: MerchantId,
+    id: ChargeId,
+) -> Result<bool, DbError> {
+    let deleted = conn
+        .execute(&FORGET_UNCONFIRMED, &[merchant.as_uuid(), id.as_uuid()])
+        .await?;
+    Ok(deleted > 0)
 }
 
 /// Records the final outcome and its outbox event in one statement, hence one
@@ -382,6 +419,7 @@ fn decode(row: &Row) -> Result<Charge, DbError> {
         failure_code: column(row, "failure_code")?,
         failure_message: column(row, "failure_message")?,
         locked_until: column(row, "locked_until")?,
+        processor_attempts: column(row, "processor_attempts")?,
         created_at: column(row, "created_at")?,
     })
 }

@@ -60,6 +60,18 @@ pub enum DbError {
 }
 
 impl DbError {
+    /// Whether a statement may have taken effect although its caller got an
+    /// error: it was sent, and then the deadline passed or the connection
+    /// failed before the answer. (An error PostgreSQL itself reports means
+    /// the statement, in its own transaction, took no effect.)
+    pub fn is_ambiguous(&self) -> bool {
+        match self {
+            Self::Timeout(_) => true,
+            Self::Query(error) => error.code().is_none(),
+            _ => false,
+        }
+    }
+
     /// Whether the database could not be reached or did not answer in time
     /// (then the caller fails closed with 503), rather than a bug (500).
     pub fn is_transient(&self) -> bool {

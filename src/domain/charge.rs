@@ -252,6 +252,9 @@ pub struct Charge {
     pub failure_code: Option<String>,
     pub failure_message: Option<String>,
     pub locked_until: Option<DateTime<Utc>>,
+    /// Processor calls that ended without a final answer; sets the pace of
+    /// the next one (see `service::charges::retry_delay`).
+    pub processor_attempts: i32,
     pub created_at: DateTime<Utc>,
 }
 

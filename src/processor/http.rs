@@ -1,8 +1,12 @@
 //! The client for a processor that speaks docs/processor-protocol.md. Each
-//! attempt is bounded by `processor.timeout_ms`; a timeout, a dropped
-//! connection, an unreadable answer or a 5xx is retried `processor.retries`
-//! times with the same idempotency key, after which the outcome is unknown
-//! and the charge stays pending.
+//! attempt is bounded by `processor.timeout_ms`. Answers are classified (see
+//! `ProcessorReply`): 2xx and 402 are final; 400 is final too, as a
+//! `processor_rejected` decline, since a malformed request proves no payment
+//! was made; a timeout, a dropped connection, an unreadable answer, 5xx and
+//! 429 are retried `processor.retries` times with the same idempotency key,
+//! after which the outcome is unknown and the charge stays pending; a
+//! conflict on the key (409, 422) or another 4xx is unknown at once and
+//! needs an operator's attention.
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -42,10 +46,18 @@ pub struct PaymentAnswer {
 }
 
 /// Why one attempt gave no final answer; `retry` says whether repeating it
-/// may help.
+/// at once may help.
 struct Failed {
     reason: String,
     retry: bool,
+}
+
+/// Most bytes of an error answer quoted in a log line or failure message.
+const QUOTED_BYTES: usize = 200;
+
+fn quote(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(QUOTED_BYTES)]);
+    text.chars().filter(|c| !c.is_control()).collect()
 }
 
 impl HttpProcessor {
@@ -98,15 +110,27 @@ impl HttpProcessor {
                     retry: true,
                 })?
             }
+            // Malformed: the processor refused to look at the request, so
+            // no payment exists. Final, and repeating it would not help.
+            400 => {
+                return Ok(ProcessorReply::Final(Outcome::Declined {
+                    payment_id: None,
+                    code: super::PROCESSOR_REJECTED.to_owned(),
+                    message: format!(
+                        "The payment processor rejected the request: {}",
+                        quote(&bytes)
+                    ),
+                }))
+            }
+            // A conflict on our key (409, 422) or an unexpected 4xx (our
+            // credentials, a wrong URL): whether a payment exists is not
+            // known, and retrying at once will not change the answer. The
+            // charge stays pending and recovery keeps trying with backoff.
             _ => {
-                // 4xx other than 402: the request itself is wrong. Repeating
-                // it will not help; leave the charge pending and shout.
-                let reason = format!(
-                    "processor rejected the request with {status}: {}",
-                    String::from_utf8_lossy(&bytes)
-                );
-                tracing::error!(%reason, "processor protocol error");
-                return Ok(ProcessorReply::Unknown { reason });
+                return Ok(ProcessorReply::Unknown {
+                    reason: format!("processor answered {status}: {}", quote(&bytes)),
+                    attention: true,
+                })
             }
         };
         Ok(match answer.status.as_str() {
@@ -138,11 +162,7 @@ impl PaymentProcessor for HttpProcessor {
                     tracing::info!(key = request.idempotency_key, attempt, reason = %failed.reason, "retrying processor call");
                     tokio::time::sleep(ProcessorSettings::backoff(attempt)).await;
                 }
-                Err(failed) => {
-                    return ProcessorReply::Unknown {
-                        reason: failed.reason,
-                    }
-                }
+                Err(failed) => return ProcessorReply::unknown(failed.reason),
             }
         }
     }

@@ -27,14 +27,34 @@ pub struct PaymentRequest<'a> {
     pub description: Option<&'a str>,
 }
 
-/// The answer to one call. `Unknown` means the money may or may not have
-/// moved (a timeout, a lost response, a processor error): the charge stays
-/// pending and the same call is made again later with the same key.
+/// The answer to one call, classified:
+///
+/// - `Final`: the processor decided. Succeeded or declined; also a request
+///   it rejected as malformed (400), which proves no payment was made: a
+///   decline with code `processor_rejected`.
+/// - `Unknown`: the money may or may not have moved (a timeout, a lost
+///   response, 5xx, 429, a conflict on the processor's key). The charge
+///   stays pending and the same call is made again later with the same key.
+///   `attention` marks answers that retrying alone will not fix (a key
+///   conflict, an unexpected 4xx): logged as errors for an operator.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProcessorReply {
     Final(Outcome),
-    Unknown { reason: String },
+    Unknown { reason: String, attention: bool },
 }
+
+impl ProcessorReply {
+    /// An unknown outcome that retrying may resolve.
+    pub fn unknown(reason: impl Into<String>) -> Self {
+        Self::Unknown {
+            reason: reason.into(),
+            attention: false,
+        }
+    }
+}
+
+/// The failure code of a charge the processor rejected as malformed.
+pub const PROCESSOR_REJECTED: &str = "processor_rejected";
 
 #[async_trait]
 pub trait PaymentProcessor: Send + Sync + 'static {

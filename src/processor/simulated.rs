@@ -74,9 +74,7 @@ impl PaymentProcessor for SimulatedProcessor {
             });
         }
         if request.amount % 100 == 9 && self.first_call_for(request.idempotency_key) {
-            return ProcessorReply::Unknown {
-                reason: "simulated processor timeout".to_owned(),
-            };
+            return ProcessorReply::unknown("simulated processor timeout");
         }
         ProcessorReply::Final(Outcome::Succeeded { payment_id })
     }

@@ -7,6 +7,8 @@ mod charges;
 mod concurrency;
 mod helpers;
 mod processes;
+mod processor;
+mod processor_stub;
 mod recovery;
 mod retention;
 mod tenancy;

@@ -121,3 +121,154 @@ async fn a_partition_is_answered_within_the_deadline_and_heals_quickly() {
     assert_eq!(app.get("/readyz").await.status, 200);
     assert!(attempt < 40);
 }
+
+/// Sends one charge in the background and waits until its pending row is
+/// committed, so the processor call is under way.
+async fn charge_in_background(
+    app: &crate::helpers::TestApp,
+    key: &str,
+) -> tokio::task::JoinHandle<(Duration, crate::helpers::Reply)> {
+    let (address, api_key, key) = (app.address.clone(), app.api_key.clone(), key.to_owned());
+    let task = tokio::spawn(async move {
+        let started = Instant::now();
+        let response = reqwest::Client::new()
+            .post(format!("{address}/v1/charges"))
+            .bearer_auth(api_key)
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(charge_body(1000))
+            .send()
+            .await
+            .unwrap();
+        let reply = crate::helpers::Reply {
+            status: response.status(),
+            headers: response.headers().clone(),
+            body: response.text().await.unwrap(),
+        };
+        (started.elapsed(), reply)
+    });
+    let started = Instant::now();
+    while app.charge_rows().await == 0 {
+        assert!(started.elapsed() < Duration::from_secs(5), "never inserted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    task
+}
+
+/// The database goes away while the processor is charging the card. The
+/// money moved, so the answer must not be "nothing was processed": the
+/// request keeps trying to record the outcome and, once the database is
+/// back, answers 201 with the charge.
+#[tokio::test]
+async fn an_outcome_is_recorded_once_the_database_is_back_never_503() {
+    let proxy = Proxy::start(server_address(&admin_url())).await;
+    let app = spawn_app_with(|s| {
+        s.database.url = proxy.url_for(&s.database.url);
+        s.database.connect_timeout_ms = 300;
+        s.database.query_timeout_ms = 500;
+        s.processor.latency_ms = 1000;
+        s.idempotency.lease_ms = 6000;
+    })
+    .await;
+    let request = charge_in_background(&app, "slow").await;
+    proxy.set_mode(ProxyMode::Cut);
+    // The processor answers after 1 s; the database is back after 2.5 s.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    proxy.set_mode(ProxyMode::Forward);
+
+    let (elapsed, reply) = request.await.unwrap();
+    assert_eq!(reply.status, 201, "{}", reply.body);
+    assert!(
+        elapsed < Duration::from_secs(6),
+        "answered within the lease"
+    );
+    assert_eq!(reply.json()["status"], "succeeded");
+    assert_eq!(
+        app.count("SELECT count(*) FROM charges WHERE status = 'succeeded'")
+            .await,
+        1
+    );
+    assert_eq!(app.processor.calls(), 1);
+}
+
+/// The same, with the database away for longer than the lease: the answer is
+/// 202 with the charge pending (the outcome is not recorded yet), never 503;
+/// the lease has run out, so a retry after the database is back finishes the
+/// charge at once instead of waiting behind a stale lease.
+#[tokio::test]
+async fn an_outcome_that_cannot_be_recorded_within_the_lease_is_202_pending() {
+    let proxy = Proxy::start(server_address(&admin_url())).await;
+    let app = spawn_app_with(|s| {
+        s.database.url = proxy.url_for(&s.database.url);
+        s.database.connect_timeout_ms = 300;
+        s.database.query_timeout_ms = 500;
+        s.processor.latency_ms = 1000;
+        s.idempotency.lease_ms = 2500;
+        // The worker stays out of it: the retry below must be what finishes.
+        s.recovery.interval_ms = 600_000;
+    })
+    .await;
+    let request = charge_in_background(&app, "slower").await;
+    proxy.set_mode(ProxyMode::Stall);
+
+    let (elapsed, reply) = request.await.unwrap();
+    assert_eq!(reply.status, 202, "{}", reply.body);
+    assert!(elapsed < Duration::from_secs(4), "took {elapsed:?}");
+    let pending = reply.json();
+    assert_eq!(pending["status"], "pending");
+
+    proxy.set_mode(ProxyMode::Forward);
+    let started = Instant::now();
+    let retry = app.post_charge("slower", &charge_body(1000)).await;
+    assert_eq!(retry.status, 201, "{}", retry.body);
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "no wait for a stale lease"
+    );
+    assert_eq!(retry.json()["id"], pending["id"]);
+    assert_eq!(app.charge_rows().await, 1);
+    // Both calls carried the charge's one downstream key.
+    assert_eq!(app.processor.calls(), 2);
+}
+
+/// An insert sent just before a partition may commit although its request
+/// never learns it (here: the proxy holds the statement and delivers it when
+/// the partition heals). The request answered 503, "nothing was processed",
+/// so that row must not be charged later by the recovery worker: it is
+/// undone as soon as the database answers.
+#[tokio::test]
+async fn an_insert_whose_commit_was_unconfirmed_is_undone_so_503_stays_true() {
+    let proxy = Proxy::start(server_address(&admin_url())).await;
+    let app = spawn_app_with(|s| {
+        s.database.url = proxy.url_for(&s.database.url);
+        s.server.workers = 1;
+        s.database.pool_size = 1;
+        s.database.connect_timeout_ms = 300;
+        s.database.query_timeout_ms = 500;
+        s.idempotency.lease_ms = 3000;
+        s.recovery.interval_ms = 100;
+    })
+    .await;
+    // Warm the one connection: the insert statement is prepared, so under the
+    // partition the insert itself is what is held back.
+    let warm = app.post_charge("warm", &charge_body(100)).await;
+    assert_eq!(warm.status, 201);
+
+    proxy.set_mode(ProxyMode::Stall);
+    let reply = app.post_charge("ghost", &charge_body(200)).await;
+    reply.assert_problem(503, "service_unavailable");
+    proxy.set_mode(ProxyMode::Forward);
+
+    // Past the lease and several recovery rounds: nothing was charged.
+    tokio::time::sleep(Duration::from_millis(4000)).await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM charges WHERE client_idempotency_key = 'ghost'")
+            .await,
+        0
+    );
+    assert_eq!(app.processor.calls(), 1, "only the warm-up charge");
+    // The client's retry (any key) is a fresh charge.
+    let retry = app.post_charge("ghost", &charge_body(200)).await;
+    assert_eq!(retry.status, 201);
+    assert_eq!(retry.header("idempotent-replayed"), None);
+}

@@ -1,0 +1,162 @@
+//! Processor answers are classified, and recovery backs off: a stub processor
+//! started by the test answers each class in turn.
+
+use std::time::{Duration, Instant};
+
+use crate::helpers::{charge_body, spawn_app_with, TestApp};
+use crate::processes::{start_service, Database};
+use crate::processor_stub::ProcessorStub;
+
+/// An app on the stub with short leases and a quick, capped recovery pace;
+/// the HTTP processor makes one attempt per call (no immediate repeats), so
+/// stub calls count recovery rounds.
+async fn app_on(stub: &ProcessorStub, interval_ms: u64, max_backoff_ms: u64) -> TestApp {
+    let url = stub.url.clone();
+    spawn_app_with(move |s| {
+        s.processor.kind = chargeonce::config::ProcessorKind::Http;
+        s.processor.url = url;
+        s.processor.timeout_ms = 300;
+        s.processor.retries = 0;
+        s.idempotency.lease_ms = 1000;
+        s.recovery.interval_ms = interval_ms;
+        s.recovery.max_backoff_ms = max_backoff_ms;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_processor_400_fails_the_charge_as_processor_rejected_once_and_for_all() {
+    let stub = ProcessorStub::start(400).await;
+    let app = app_on(&stub, 100, 1000).await;
+    let first = app.post_charge("rejected", &charge_body(1000)).await;
+    let problem = first.assert_problem(402, "processor_rejected");
+    assert_eq!(problem["charge"]["status"], "failed");
+    let message = problem["charge"]["failure_message"].as_str().unwrap();
+    assert!(message.contains("rejected"), "{message}");
+    assert!(!message.chars().any(char::is_control), "{message:?}");
+
+    // Final: not re-sent by recovery, and a retry replays.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(stub.calls().len(), 1);
+    let replay = app.post_charge("rejected", &charge_body(1000)).await;
+    assert_eq!(replay.status, 402);
+    assert_eq!(replay.body, first.body);
+    assert_eq!(
+        app.count("SELECT count(*) FROM events WHERE type = 'charge.failed'")
+            .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn unknown_outcomes_stay_pending_and_recovery_backs_off_per_charge() {
+    let stub = ProcessorStub::start(503).await;
+    let app = app_on(&stub, 100, 800).await;
+    let reply = app.post_charge("outage", &charge_body(1000)).await;
+    assert_eq!(reply.status, 202, "{}", reply.body);
+    assert_eq!(reply.json()["status"], "pending");
+
+    // A worker that did not back off would ask about every 100 ms (about 30
+    // times in 3 s); with 100, 200, 400, 800, 800 ms (each half to all of it,
+    // at random) it asks at most about a dozen times.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let calls = stub.calls();
+    assert!(
+        (4..=12).contains(&calls.len()),
+        "{} calls in 3 s",
+        calls.len()
+    );
+    assert!(
+        calls.iter().all(|c| c.key == calls[0].key),
+        "one downstream key"
+    );
+    let gaps: Vec<Duration> = calls.windows(2).map(|w| w[1].at - w[0].at).collect();
+    assert!(
+        gaps.last().unwrap() >= &Duration::from_millis(350),
+        "the pace slowed: {gaps:?}"
+    );
+    // The pace is kept on the row, so a restart keeps it.
+    let client = app.sql().await;
+    let row = client
+        .query_one(
+            "SELECT status, processor_attempts, next_attempt_at > now() - interval '1 second' \
+             FROM charges",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "pending");
+    assert!(row.get::<_, i32>(1) >= calls.len() as i32 - 1);
+    assert!(row.get::<_, bool>(2));
+
+    // Each class that leaves the outcome unknown: 500, 429, a timeout.
+    for (key, status, delay) in [
+        ("five-hundred", 500, 0),
+        ("too-many", 429, 0),
+        ("timeout", 201, 1000),
+    ] {
+        stub.answer(status);
+        stub.delay(Duration::from_millis(delay));
+        let reply = app.post_charge(key, &charge_body(2000)).await;
+        assert_eq!(reply.status, 202, "{key}: {}", reply.body);
+    }
+
+    // The processor recovers: the worker finishes every charge.
+    stub.answer(201);
+    stub.delay(Duration::ZERO);
+    let started = Instant::now();
+    while app
+        .count("SELECT count(*) FROM charges WHERE status = 'pending'")
+        .await
+        > 0
+    {
+        assert!(started.elapsed() < Duration::from_secs(5), "still pending");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let replay = app.post_charge("outage", &charge_body(1000)).await;
+    assert_eq!(replay.status, 201, "{}", replay.body);
+}
+
+/// A conflict on the processor's key (409, 422) is not a decline: whether a
+/// payment exists is unknown. The charge stays pending and an operator is
+/// told, with the charge's id.
+#[tokio::test]
+async fn a_key_conflict_at_the_processor_stays_pending_and_asks_for_attention() {
+    for status in [409, 422] {
+        let stub = ProcessorStub::start(status).await;
+        let db = Database::migrated().await;
+        let secret = db.create_merchant().await;
+        let service = start_service(
+            &db.url,
+            &[
+                ("CHARGEONCE__PROCESSOR__KIND", "http".to_owned()),
+                ("CHARGEONCE__PROCESSOR__URL", stub.url.clone()),
+                ("CHARGEONCE__PROCESSOR__RETRIES", "0".to_owned()),
+                ("CHARGEONCE__PROCESSOR__TIMEOUT_MS", "1000".to_owned()),
+            ],
+        )
+        .await;
+        let reply = reqwest::Client::new()
+            .post(format!("{}/v1/charges", service.url))
+            .bearer_auth(&secret)
+            .header("Idempotency-Key", "conflict")
+            .header("Content-Type", "application/json")
+            .body(charge_body(1000))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(reply.status(), 202);
+        let charge: serde_json::Value = reply.json().await.unwrap();
+        assert_eq!(charge["status"], "pending");
+        let id = charge["id"].as_str().unwrap().to_owned();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let log = service.log();
+        assert!(
+            log.iter().any(|line| line.contains("ERROR")
+                && line.contains("needs attention")
+                && line.contains(&id)
+                && line.contains(&status.to_string())),
+            "{status}: {log:#?}"
+        );
+    }
+}
