@@ -83,6 +83,20 @@ impl NewCharge {
             _ => Err(errors),
         }
     }
+
+    /// The request in its canonical, normalised form: every field present
+    /// (absent is `null`, no metadata is `{}`), the currency in upper case.
+    /// Two bodies that mean the same request have the same form; it is what
+    /// the fingerprint is taken of.
+    pub fn normalised(&self) -> Value {
+        serde_json::json!({
+            "amount": self.amount.minor_units(),
+            "currency": self.currency.as_str(),
+            "customer": self.customer,
+            "description": self.description,
+            "metadata": self.metadata,
+        })
+    }
 }
 
 fn parse_amount(value: Option<&Value>, errors: &mut Vec<FieldError>) -> Option<Amount> {
@@ -108,13 +122,16 @@ fn parse_currency(value: Option<&Value>, errors: &mut Vec<FieldError>) -> Option
         None | Some(Value::Null) => "required: an ISO 4217 currency code such as \"USD\"",
         Some(Value::String(code)) => match Currency::parse(code) {
             Some(currency) => return Some(currency),
-            None => "must be an active ISO 4217 currency code in upper case, such as \"USD\"",
+            None => "must be an active ISO 4217 currency code, such as \"USD\"",
         },
         Some(_) => "must be a string",
     };
     errors.push(FieldError::new("currency", message));
     None
 }
+
+/// PostgreSQL text cannot hold NUL, and no charge needs one.
+const NUL_MESSAGE: &str = "must not contain NUL characters (\\u0000)";
 
 fn optional_text(
     object: &Map<String, Value>,
@@ -124,6 +141,10 @@ fn optional_text(
 ) -> Option<String> {
     match object.get(field) {
         None | Some(Value::Null) => None,
+        Some(Value::String(text)) if text.contains('\0') => {
+            errors.push(FieldError::new(field, NUL_MESSAGE));
+            None
+        }
         Some(Value::String(text)) if text.chars().count() <= max_chars => Some(text.clone()),
         Some(Value::String(_)) => {
             errors.push(FieldError::new(
@@ -161,6 +182,10 @@ fn parse_metadata(value: Option<&Value>, errors: &mut Vec<FieldError>) -> BTreeM
     }
     for (key, item) in entries {
         let field = format!("metadata.{key}");
+        if key.contains('\0') || item.as_str().is_some_and(|text| text.contains('\0')) {
+            errors.push(FieldError::new(field, NUL_MESSAGE));
+            continue;
+        }
         let key_chars = key.chars().count();
         if key_chars == 0 || key_chars > limits::METADATA_KEY_CHARS {
             errors.push(FieldError::new(
@@ -336,7 +361,7 @@ mod tests {
     #[test]
     fn reports_every_offending_field() {
         assert_eq!(
-            fields(json!({"amount": -5, "currency": "usd", "colour": "red", "metadata": {"k": 1}})),
+            fields(json!({"amount": -5, "currency": "dollar", "colour": "red", "metadata": {"k": 1}})),
             ["amount", "colour", "currency", "metadata.k"]
         );
         assert_eq!(fields(json!({})), ["amount", "currency"]);

@@ -1,6 +1,8 @@
-//! The request fingerprint: SHA-256 of the body's canonical JSON (object keys
-//! sorted, no insignificant whitespace). Two bodies that differ only in key
-//! order or spacing have the same fingerprint; any changed value does not.
+//! The request fingerprint: SHA-256 of canonical JSON (object keys sorted, no
+//! insignificant whitespace) of the *validated, normalised* request (see
+//! `NewCharge::fingerprint`): two bodies that mean the same request (key
+//! order, spacing, `null` for an absent field, `{}` for no metadata, `usd`
+//! for `USD`) have the same fingerprint; any changed value does not.
 
 use std::fmt::Write as _;
 
@@ -25,6 +27,35 @@ impl Fingerprint {
 
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
+    }
+}
+
+/// What a request's stored fingerprint is checked against.
+///
+/// Keys stored before fingerprints were taken of the normalised request
+/// carry the fingerprint of the raw body instead (`legacy`), so a retry of
+/// such a request still replays. Remove `legacy` once every key stored by a
+/// version before that change is past `idempotency.retention_hours`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestFingerprint {
+    /// The fingerprint stored with a new request.
+    pub current: Fingerprint,
+    legacy: Fingerprint,
+}
+
+impl RequestFingerprint {
+    /// `normalised` is the validated request's canonical form, `body` the
+    /// request body as sent.
+    pub fn new(normalised: &Value, body: &Value) -> Self {
+        Self {
+            current: Fingerprint::of(normalised),
+            legacy: Fingerprint::of(body),
+        }
+    }
+
+    /// Whether a key stored with `stored` belongs to this same request.
+    pub fn matches(&self, stored: &Fingerprint) -> bool {
+        *stored == self.current || *stored == self.legacy
     }
 }
 

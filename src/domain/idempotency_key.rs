@@ -18,6 +18,8 @@ pub enum KeyError {
     TooLong,
     #[error("the Idempotency-Key may contain only visible ASCII characters (no spaces)")]
     BadCharacter,
+    #[error("the Idempotency-Key header was sent more than once; send exactly one")]
+    Repeated,
 }
 
 impl IdempotencyKey {

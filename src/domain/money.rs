@@ -22,7 +22,9 @@ impl Amount {
     }
 }
 
-/// An active ISO 4217 currency code, upper case.
+/// An active ISO 4217 currency code, kept in upper case. Parsing accepts any
+/// case (`usd` is `USD`), as clients written against other payment APIs
+/// send lower case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Currency([u8; 3]);
 
@@ -46,7 +48,9 @@ const CODES: &[&str] = &[
 impl Currency {
     pub fn parse(code: &str) -> Option<Self> {
         let bytes: [u8; 3] = code.as_bytes().try_into().ok()?;
-        CODES.contains(&code).then_some(Self(bytes))
+        let upper = bytes.map(|b| b.to_ascii_uppercase());
+        let text = std::str::from_utf8(&upper).ok()?;
+        CODES.contains(&text).then_some(Self(upper))
     }
 
     pub fn as_str(&self) -> &str {
@@ -84,7 +88,12 @@ mod tests {
             Some("USD".into())
         );
         assert!(Currency::parse("JPY").is_some());
-        for bad in ["usd", "US", "USDD", "XYZ", "", "EU€"] {
+        assert_eq!(Currency::parse("usd"), Currency::parse("USD"));
+        assert_eq!(
+            Currency::parse("eUr").map(|c| c.to_string()),
+            Some("EUR".into())
+        );
+        for bad in ["US", "USDD", "XYZ", "xyz", "", "EU€", "U\0D"] {
             assert!(Currency::parse(bad).is_none(), "{bad}");
         }
     }

@@ -39,8 +39,14 @@ impl FromRequest for AuthenticatedMerchant {
     }
 }
 
+/// The token of the one `Authorization: Bearer` header; two headers are as
+/// good as none (which one would count is ambiguous).
 fn bearer_token(request: &HttpRequest) -> Option<&str> {
-    let value = request.headers().get(AUTHORIZATION)?.to_str().ok()?;
+    let mut values = request.headers().get_all(AUTHORIZATION);
+    let value = values.next()?.to_str().ok()?;
+    if values.next().is_some() {
+        return None;
+    }
     let (scheme, token) = value.split_once(' ')?;
     let token = token.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && token.len() <= 200)

@@ -1,25 +1,21 @@
 //! Request headers and bodies, checked before any work: the idempotency key,
-//! the content type (415), the size (413) and JSON syntax (400).
+//! the content type (415), the size (413) and strict JSON syntax (400).
 
 use actix_web::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use actix_web::{web, HttpRequest};
 use futures_util::StreamExt;
 use serde_json::Value;
 
-use crate::domain::IdempotencyKey;
+use crate::domain::{strict_json, IdempotencyKey, KeyError};
 use crate::error::ApiError;
 
 pub fn idempotency_key(request: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
     let mut values = request.headers().get_all("idempotency-key");
     let value = values.next().ok_or(ApiError::IdempotencyKeyMissing)?;
     if values.next().is_some() {
-        return Err(ApiError::IdempotencyKeyInvalid(
-            crate::domain::KeyError::BadCharacter,
-        ));
+        return Err(KeyError::Repeated.into());
     }
-    let text = value
-        .to_str()
-        .map_err(|_| ApiError::IdempotencyKeyInvalid(crate::domain::KeyError::BadCharacter))?;
+    let text = value.to_str().map_err(|_| KeyError::BadCharacter)?;
     Ok(IdempotencyKey::parse(text)?)
 }
 
@@ -59,6 +55,7 @@ pub async fn json(
         }
         body.extend_from_slice(&chunk);
     }
-    serde_json::from_slice(&body)
+    // Strict: a member sent twice is refused, not "last one wins".
+    strict_json::parse(&body)
         .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), vec![]))
 }

@@ -5,7 +5,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 
 use super::{body, AuthenticatedMerchant, HttpLimits};
-use crate::domain::{Charge, ChargeId, ChargeStatus, FieldError, Fingerprint, NewCharge};
+use crate::domain::{Charge, ChargeId, ChargeStatus, FieldError, NewCharge, RequestFingerprint};
 use crate::error::{ApiError, Problem, PROBLEM_JSON};
 use crate::service::charges::{ChargeReply, Charges};
 
@@ -20,9 +20,9 @@ pub async fn create(
 ) -> Result<HttpResponse, ApiError> {
     let key = body::idempotency_key(&request)?;
     let body = body::json(&request, payload, limits.max_body_bytes).await?;
-    let fingerprint = Fingerprint::of(&body);
     let new_charge = NewCharge::parse(&body)
         .map_err(|errors| ApiError::invalid("the charge request is invalid", errors))?;
+    let fingerprint = RequestFingerprint::new(&new_charge.normalised(), &body);
     let reply = charges
         .create(merchant, &key, fingerprint, &new_charge)
         .await?;

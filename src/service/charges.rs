@@ -30,7 +30,7 @@ use crate::config::{IdempotencySettings, RecoverySettings};
 use crate::crash;
 use crate::db::{self, Database};
 use crate::domain::{
-    Charge, ChargeId, ChargeStatus, Fingerprint, IdempotencyKey, MerchantId, NewCharge,
+    Charge, ChargeId, ChargeStatus, IdempotencyKey, MerchantId, NewCharge, RequestFingerprint,
 };
 use crate::processor::{PaymentProcessor, PaymentRequest, ProcessorReply};
 use crate::telemetry::error_chain;
@@ -111,7 +111,7 @@ impl Charges {
         &self,
         merchant: MerchantId,
         key: &IdempotencyKey,
-        fingerprint: Fingerprint,
+        fingerprint: RequestFingerprint,
         request: &NewCharge,
     ) -> Result<ChargeReply, ServiceError> {
         for _ in 0..MAX_KEY_ROUNDS {
@@ -124,7 +124,7 @@ impl Charges {
                     id,
                     merchant,
                     key,
-                    &fingerprint,
+                    &fingerprint.current,
                     request,
                     self.lease,
                 )
@@ -142,7 +142,7 @@ impl Charges {
                 }
             };
             // Same key, different request: a client bug. Never execute it.
-            if charge.fingerprint != fingerprint {
+            if !fingerprint.matches(&charge.fingerprint) {
                 return Err(ServiceError::KeyReused);
             }
             if created {

@@ -349,3 +349,37 @@ async fn health_readiness_and_unknown_routes() {
         .unwrap();
     assert_eq!(delete.status(), 405);
 }
+
+/// Keys stored before fingerprints were taken of the normalised request
+/// carry the fingerprint of the raw body (SHA-256 of its canonical JSON); a
+/// retry of such a request still replays instead of getting 422.
+#[tokio::test]
+async fn a_key_stored_with_a_body_fingerprint_still_replays() {
+    let app = spawn_app().await;
+    let client = app.sql().await;
+    client
+        .execute(
+            "INSERT INTO charges (id, merchant_id, client_idempotency_key, request_fingerprint, \
+                                  amount, currency, status) \
+             SELECT $1, id, 'stored-before', sha256(convert_to($2, 'UTF8')), 700, 'USD', 'succeeded' \
+               FROM merchants",
+            &[
+                &uuid::Uuid::now_v7(),
+                &r#"{"amount":700,"currency":"USD","metadata":{}}"#,
+            ],
+        )
+        .await
+        .unwrap();
+    let replay = app
+        .post_charge(
+            "stored-before",
+            r#"{"metadata":{}, "currency":"USD", "amount":700}"#,
+        )
+        .await;
+    assert_eq!(replay.status, 201, "{}", replay.body);
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    app.post_charge("stored-before", r#"{"amount":701,"currency":"USD"}"#)
+        .await
+        .assert_problem(422, "idempotency_key_reused");
+    assert_eq!(app.processor.calls(), 0);
+}

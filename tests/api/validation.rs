@@ -93,13 +93,6 @@ fn cases() -> Vec<Case> {
             &["amount"],
         ),
         case(
-            "lower-case currency",
-            r#"{"amount":100,"currency":"usd"}"#,
-            400,
-            "invalid_request",
-            &["currency"],
-        ),
-        case(
             "unknown currency",
             r#"{"amount":100,"currency":"XYZ"}"#,
             400,
@@ -136,12 +129,54 @@ fn cases() -> Vec<Case> {
         ),
         case(
             "several at once",
-            r#"{"amount":-1,"currency":"usd","x":1}"#,
+            r#"{"amount":-1,"currency":"dollars","x":1}"#,
             400,
             "invalid_request",
             &["amount", "currency", "x"],
         ),
         case("array body", "[1,2,3]", 400, "invalid_request", &[""]),
+        case(
+            "NUL in description",
+            r#"{"amount":100,"currency":"USD","description":"a\u0000b"}"#,
+            400,
+            "invalid_request",
+            &["description"],
+        ),
+        case(
+            "NUL in customer",
+            r#"{"amount":100,"currency":"USD","customer":"\u0000"}"#,
+            400,
+            "invalid_request",
+            &["customer"],
+        ),
+        case(
+            "NUL in a metadata value",
+            r#"{"amount":100,"currency":"USD","metadata":{"k":"v\u0000"}}"#,
+            400,
+            "invalid_request",
+            &["metadata.k"],
+        ),
+        case(
+            "NUL in a metadata key",
+            r#"{"amount":100,"currency":"USD","metadata":{"k\u0000":"v"}}"#,
+            400,
+            "invalid_request",
+            &["metadata.k\u{0}"],
+        ),
+        case(
+            "duplicate member",
+            r#"{"amount":1,"currency":"USD","amount":5000}"#,
+            400,
+            "invalid_request",
+            &[],
+        ),
+        case(
+            "duplicate member in metadata",
+            r#"{"amount":1,"currency":"USD","metadata":{"a":"1","a":"2"}}"#,
+            400,
+            "invalid_request",
+            &[],
+        ),
         case(
             "invalid JSON",
             r#"{"amount":100,"currency":"USD""#,
@@ -309,4 +344,91 @@ async fn a_rejected_request_leaves_the_key_free() {
         .await;
     assert_eq!(fixed.status, 201, "{}", fixed.body);
     assert_eq!(fixed.header("idempotent-replayed"), None);
+}
+
+/// Ambiguous requests are refused before anything is stored: two copies of a
+/// member (a gateway reading the first would see another amount than the
+/// one charged), two `Idempotency-Key` or two `Authorization` headers.
+#[tokio::test]
+async fn ambiguous_requests_are_refused_with_a_reason() {
+    let app = spawn_app().await;
+    let reply = app
+        .post_charge("dup", r#"{"amount":1,"currency":"USD","amount":5000}"#)
+        .await;
+    let problem = reply.assert_problem(400, "invalid_request");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("\"amount\" appears more than once"),
+        "{problem}"
+    );
+
+    let auth = format!("Bearer {}", app.api_key);
+    let two_keys = app
+        .post_charge_raw(
+            &[
+                ("Authorization", auth.as_str()),
+                ("Content-Type", "application/json"),
+                ("Idempotency-Key", "one"),
+                ("Idempotency-Key", "two"),
+            ],
+            br#"{"amount":1,"currency":"USD"}"#.to_vec(),
+        )
+        .await;
+    let problem = two_keys.assert_problem(400, "idempotency_key_invalid");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("more than once"),
+        "{problem}"
+    );
+
+    let two_authorizations = app
+        .post_charge_raw(
+            &[
+                ("Authorization", auth.as_str()),
+                ("Authorization", "Bearer sk_other"),
+                ("Content-Type", "application/json"),
+                ("Idempotency-Key", "three"),
+            ],
+            br#"{"amount":1,"currency":"USD"}"#.to_vec(),
+        )
+        .await;
+    two_authorizations.assert_problem(401, "unauthenticated");
+    assert_eq!(app.charge_rows().await, 0);
+}
+
+/// What the parser treats as the same request is the same request for the
+/// key too: absent, `null` and `{}` metadata, key order, spacing and the
+/// currency's case. A different value is still a different request.
+#[tokio::test]
+async fn equivalent_bodies_replay_and_different_ones_do_not() {
+    let app = spawn_app().await;
+    let first = app
+        .post_charge("same", r#"{"amount":1500,"currency":"usd"}"#)
+        .await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    assert_eq!(first.json()["currency"], "USD");
+    for equivalent in [
+        r#"{"amount":1500,"currency":"USD"}"#,
+        r#"{"currency":"Usd","amount":1500,"metadata":{}}"#,
+        r#"{"amount":1500,"currency":"USD","description":null,"customer":null,"metadata":null}"#,
+    ] {
+        let replay = app.post_charge("same", equivalent).await;
+        assert_eq!(replay.status, 201, "{equivalent}: {}", replay.body);
+        assert_eq!(replay.body, first.body, "{equivalent}");
+        assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    }
+    for different in [
+        r#"{"amount":1500,"currency":"EUR"}"#,
+        r#"{"amount":1500,"currency":"USD","description":""}"#,
+        r#"{"amount":1500,"currency":"USD","metadata":{"k":"v"}}"#,
+    ] {
+        app.post_charge("same", different)
+            .await
+            .assert_problem(422, "idempotency_key_reused");
+    }
+    assert_eq!(app.charge_rows().await, 1);
 }
