@@ -62,3 +62,8 @@ pub use retry::RetryPolicy;
 
 /// The HTTP status type used in errors (re-exported from `reqwest`).
 pub use reqwest::StatusCode;
+
+// The README's examples are compiled as doctests too, so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
