@@ -4,6 +4,7 @@
 
 mod binary;
 mod charges;
+mod client;
 mod concurrency;
 mod helpers;
 mod processes;
