@@ -5,6 +5,7 @@
 mod binary;
 mod charges;
 mod concurrency;
+mod demo;
 mod helpers;
 mod processes;
 mod recovery;
