@@ -30,6 +30,9 @@ RUN mkdir src testkit/src \
 COPY src ./src
 COPY migrations ./migrations
 COPY config ./config
+# The demo checkout's page and browser module (src/http/demo.rs embeds them;
+# web/node_modules is in .dockerignore).
+COPY web ./web
 RUN touch src/main.rs src/lib.rs \
     && cargo build --release --locked --bin chargeonce
 

@@ -32,6 +32,7 @@ pub struct Settings {
     pub recovery: RecoverySettings,
     pub auth: AuthSettings,
     pub log: LogSettings,
+    pub demo: DemoSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -126,6 +127,13 @@ pub enum LogFormat {
 #[serde(deny_unknown_fields)]
 pub struct LogSettings {
     pub format: LogFormat,
+}
+
+/// The demo checkout (`src/http/demo.rs`): development only.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DemoSettings {
+    pub enabled: bool,
 }
 
 impl Settings {

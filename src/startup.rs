@@ -82,6 +82,10 @@ impl Application {
         // The background workers' own pool; it also shows the settings make
         // a valid pool before any HTTP worker builds its own.
         let background_db = Database::new(&settings.database, BACKGROUND_CONNECTIONS)?;
+        let demo = settings.demo.enabled;
+        if demo {
+            http::demo::ensure_demo_merchant(&background_db).await?;
+        }
 
         let address = format!("{}:{}", settings.server.host, settings.server.port);
         let bind_error = |source| StartupError::Bind {
@@ -121,6 +125,11 @@ impl Application {
                 .app_data(api_keys.clone())
                 .app_data(limits.clone())
                 .wrap_fn(http::request_log)
+                .configure(|cfg| {
+                    if demo {
+                        http::demo::configure(cfg);
+                    }
+                })
                 .configure(http::configure)
         })
         .workers(workers)
@@ -142,6 +151,10 @@ impl Application {
             )),
         ];
         tracing::info!(%address, port, "chargeonce listening");
+        if demo {
+            let url = format!("http://{}:{port}/demo", settings.server.host);
+            tracing::info!(%url, "demo checkout (development only: demo.enabled)");
+        }
         Ok(Self {
             port,
             server,

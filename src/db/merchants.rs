@@ -13,6 +13,13 @@ pub const CREATE: Statement = Statement {
     params: &[Type::UUID, Type::TEXT, Type::BYTEA],
 };
 
+/// A merchant with a fixed id unless it exists (the demo's, on every start
+/// with `demo.enabled`). It gets no API key: nobody can call the API as it.
+pub const ENSURE: Statement = Statement {
+    sql: "INSERT INTO merchants (id, name) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
+    params: &[Type::UUID, Type::TEXT],
+};
+
 pub const FIND_BY_DIGEST: Statement = Statement {
     sql: "SELECT merchant_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
     params: &[Type::BYTEA],
@@ -26,6 +33,13 @@ pub async fn create(conn: &Conn, name: &str) -> Result<(MerchantId, ApiKey), DbE
     conn.execute(&CREATE, &[id.as_uuid(), &name, &key.digest().as_slice()])
         .await?;
     Ok((id, key))
+}
+
+/// Creates the merchant `id` unless it exists; safe to repeat, also from
+/// several instances at once.
+pub async fn ensure(conn: &Conn, id: MerchantId, name: &str) -> Result<(), DbError> {
+    conn.execute(&ENSURE, &[id.as_uuid(), &name]).await?;
+    Ok(())
 }
 
 /// The merchant whose unrevoked API key has this digest.

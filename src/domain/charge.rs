@@ -361,7 +361,9 @@ mod tests {
     #[test]
     fn reports_every_offending_field() {
         assert_eq!(
-            fields(json!({"amount": -5, "currency": "dollar", "colour": "red", "metadata": {"k": 1}})),
+            fields(
+                json!({"amount": -5, "currency": "dollar", "colour": "red", "metadata": {"k": 1}})
+            ),
             ["amount", "colour", "currency", "metadata.k"]
         );
         assert_eq!(fields(json!({})), ["amount", "currency"]);

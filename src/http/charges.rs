@@ -5,7 +5,9 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 
 use super::{body, AuthenticatedMerchant, HttpLimits};
-use crate::domain::{Charge, ChargeId, ChargeStatus, FieldError, NewCharge, RequestFingerprint};
+use crate::domain::{
+    Charge, ChargeId, ChargeStatus, FieldError, MerchantId, NewCharge, RequestFingerprint,
+};
 use crate::error::{ApiError, Problem, PROBLEM_JSON};
 use crate::service::charges::{ChargeReply, Charges};
 
@@ -18,8 +20,21 @@ pub async fn create(
     request: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let key = body::idempotency_key(&request)?;
-    let body = body::json(&request, payload, limits.max_body_bytes).await?;
+    create_for(merchant, &charges, &limits, &request, payload).await
+}
+
+/// The charge flow for a merchant someone already vouched for: the API key
+/// above, or the demo's merchant backend (`super::demo`), which holds its
+/// merchant on the server side. Parsing, fingerprint and answers are the same.
+pub(crate) async fn create_for(
+    merchant: MerchantId,
+    charges: &Charges,
+    limits: &HttpLimits,
+    request: &HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let key = body::idempotency_key(request)?;
+    let body = body::json(request, payload, limits.max_body_bytes).await?;
     let new_charge = NewCharge::parse(&body)
         .map_err(|errors| ApiError::invalid("the charge request is invalid", errors))?;
     let fingerprint = RequestFingerprint::new(&new_charge.normalised(), &body);

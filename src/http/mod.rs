@@ -5,6 +5,7 @@
 mod auth;
 mod body;
 mod charges;
+pub mod demo;
 mod health;
 
 use actix_web::dev::{Service, ServiceRequest};

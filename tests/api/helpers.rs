@@ -38,6 +38,9 @@ pub fn test_settings(database_url: &str) -> Settings {
     settings.server.host = "127.0.0.1".to_owned();
     settings.server.port = 0;
     settings.server.workers = 2;
+    // No demo merchant in the way of tests that count merchants; the demo's
+    // own tests (demo.rs) turn it on.
+    settings.demo.enabled = false;
     settings
 }
 

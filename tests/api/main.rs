@@ -6,6 +6,7 @@ mod binary;
 mod charges;
 mod client;
 mod concurrency;
+mod demo;
 mod helpers;
 mod processes;
 mod processor;

@@ -1,0 +1,101 @@
+//! The demo checkout, for development only (`demo.enabled`, off in
+//! config/production.toml; when off these routes do not exist and answer 404
+//! like any unknown path):
+//!
+//! - `GET /demo`: a checkout page (`web/demo.html`);
+//! - `GET /demo/chargeonce.js`: the browser module it uses (`web/chargeonce.js`);
+//! - `POST /demo/charges`: plays the merchant's backend. A real page posts to
+//!   its merchant's server, which adds the secret API key and forwards the
+//!   `Idempotency-Key` header and the body to `POST /v1/charges`; here the
+//!   service holds a demo merchant itself, so no secret key is ever in the
+//!   page, and runs the very same charge flow for it.
+//!
+//! Both files are embedded, so the binary serves the demo without a web/
+//! folder next to it.
+
+use actix_web::http::header;
+use actix_web::{web, HttpRequest, HttpResponse};
+use uuid::Uuid;
+
+use super::{charges, method_not_allowed, HttpLimits};
+use crate::db::{self, Database, DbError};
+use crate::domain::MerchantId;
+use crate::error::ApiError;
+use crate::service::charges::Charges;
+use crate::telemetry::error_chain;
+
+const PAGE: &str = include_str!("../../web/demo.html");
+const MODULE: &str = include_str!("../../web/chargeonce.js");
+
+/// The demo merchant's id: fixed, so every start (and every instance) finds
+/// the same merchant, and recognisable in the database
+/// (`mer_00000000000070008000000000000de0`).
+const DEMO_MERCHANT: Uuid = Uuid::from_u128(0x0000_0000_0000_7000_8000_0000_0000_0de0);
+const DEMO_MERCHANT_NAME: &str = "Demo merchant";
+
+pub fn demo_merchant() -> MerchantId {
+    MerchantId::from_uuid(DEMO_MERCHANT)
+}
+
+/// Creates the demo merchant unless it exists. Called on start-up, after the
+/// migrations, when the demo is enabled; failing stops the start, as a
+/// failed migration does, rather than serve a demo that cannot charge.
+pub async fn ensure_demo_merchant(database: &Database) -> Result<(), DbError> {
+    let created = async {
+        let conn = database.conn().await?;
+        db::merchants::ensure(&conn, demo_merchant(), DEMO_MERCHANT_NAME).await
+    };
+    created.await.inspect_err(|error| {
+        tracing::error!(
+            cause = %error_chain(error),
+            "cannot create the demo merchant (demo.enabled = true)"
+        )
+    })
+}
+
+/// The demo's routes; registered only when `demo.enabled` is true.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(
+        web::resource("/demo")
+            .route(web::get().to(page))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/demo/chargeonce.js")
+            .route(web::get().to(module))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/demo/charges")
+            .route(web::post().to(create_charge))
+            .default_service(web::to(method_not_allowed)),
+    );
+}
+
+async fn page() -> HttpResponse {
+    embedded_file("text/html; charset=utf-8", PAGE)
+}
+
+async fn module() -> HttpResponse {
+    embedded_file("text/javascript; charset=utf-8", MODULE)
+}
+
+fn embedded_file(content_type: &'static str, body: &'static str) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type(content_type)
+        // Revalidate every time: a rebuilt binary may carry a new version,
+        // and a stale cached module would hide it during development.
+        .insert_header((header::CACHE_CONTROL, "no-cache"))
+        .body(body)
+}
+
+/// The merchant backend's forwarding route, with the demo merchant standing
+/// in for "the merchant whose secret key the backend holds".
+async fn create_charge(
+    charges: web::Data<Charges>,
+    limits: web::Data<HttpLimits>,
+    request: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    charges::create_for(demo_merchant(), &charges, &limits, &request, payload).await
+}
