@@ -81,12 +81,15 @@ pub const FIND: Statement = Statement {
     params: &[Type::UUID, Type::UUID],
 };
 
-/// Newest first; `$3`, when not null, is the cursor (list after that id).
+/// Newest first, after the cursor `$3`. `status IS NOT NULL` is always true:
+/// it is the predicate of the partial index `charges_listing`, stated so that
+/// this statement, and no other, can use that index (migration V3).
 pub const LIST: Statement = Statement {
     sql: concat!(
         "SELECT ",
         charge_columns!(),
-        " FROM charges WHERE merchant_id = $1 AND id < $3 ORDER BY id DESC LIMIT $2"
+        " FROM charges WHERE merchant_id = $1 AND id < $3 AND status IS NOT NULL \
+          ORDER BY id DESC LIMIT $2"
     ),
     params: &[Type::UUID, Type::INT8, Type::UUID],
 };

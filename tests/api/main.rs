@@ -8,6 +8,7 @@ mod client;
 mod concurrency;
 mod demo;
 mod helpers;
+mod plans;
 mod processes;
 mod processor;
 mod processor_stub;
