@@ -10,7 +10,7 @@
 //! few instructions these checks look at; the compose file through serde.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -94,7 +94,20 @@ struct Metadata {
 #[derive(Deserialize)]
 struct Package {
     name: String,
+    manifest_path: PathBuf,
     rust_version: Option<String>,
+    targets: Vec<Target>,
+    dependencies: Vec<Dependency>,
+}
+
+#[derive(Deserialize)]
+struct Target {
+    src_path: PathBuf,
+}
+
+#[derive(Deserialize)]
+struct Dependency {
+    path: Option<PathBuf>,
 }
 
 fn workspace() -> Metadata {
@@ -110,6 +123,96 @@ fn workspace() -> Metadata {
         String::from_utf8_lossy(&output.stderr)
     );
     serde_json::from_slice(&output.stdout).expect("cargo metadata output")
+}
+
+/// `path` relative to the repository root, with `/` separators; it must be
+/// inside the repository (the Docker build context).
+fn in_repo(path: &Path, what: &str) -> String {
+    let root = repo().canonicalize().unwrap();
+    let path = path
+        .canonicalize()
+        .unwrap_or_else(|e| panic!("{what}: {}: {e}", path.display()));
+    let relative = path.strip_prefix(&root).unwrap_or_else(|_| {
+        panic!(
+            "{what} ({}) is outside the repository, so outside the Docker build context",
+            path.display()
+        )
+    });
+    relative
+        .components()
+        .map(|part| part.as_os_str().to_string_lossy())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// The files the image build needs: the lock file, every package's manifest
+/// (cargo loads the whole workspace even for `--bin chargeonce`) and the
+/// sources of its targets (cargo refuses a manifest whose declared targets,
+/// such as `[[bench]] load`, are missing; this asks for all of them, which
+/// copying the source tree gives), the manifests of path dependencies, and
+/// whatever the sources embed (config/default.toml, migrations/).
+fn files_cargo_needs() -> BTreeSet<String> {
+    let mut needed = BTreeSet::from(["Cargo.toml".to_owned(), "Cargo.lock".to_owned()]);
+    for package in workspace().packages {
+        let what = format!("package `{}`", package.name);
+        needed.insert(in_repo(&package.manifest_path, &what));
+        for target in &package.targets {
+            needed.insert(in_repo(&target.src_path, &what));
+        }
+        for path in package.dependencies.iter().filter_map(|d| d.path.as_ref()) {
+            needed.insert(in_repo(&path.join("Cargo.toml"), &what));
+        }
+        let root = package.manifest_path.parent().unwrap();
+        for file in embedded_files(&root.join("src"), root) {
+            needed.insert(in_repo(&file, &what));
+        }
+    }
+    needed
+}
+
+/// Files the sources under `dir` embed at compile time: include_str! and
+/// include_bytes! paths (relative to the source file) and the files of
+/// embed_migrations! folders (relative to the package root).
+fn embedded_files(dir: &Path, package_root: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = fs::read_dir(dir) else {
+        return found;
+    };
+    for entry in entries {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            found.extend(embedded_files(&path, package_root));
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = fs::read_to_string(&path).unwrap();
+        for (opening, base) in [
+            ("include_str!(\"", path.parent().unwrap()),
+            ("include_bytes!(\"", path.parent().unwrap()),
+            ("embed_migrations!(\"", package_root),
+        ] {
+            for (index, _) in text.match_indices(opening) {
+                let rest = &text[index + opening.len()..];
+                let literal = &rest[..rest.find('"').unwrap()];
+                let target = base.join(literal).canonicalize().unwrap_or_else(|e| {
+                    panic!(
+                        "{} embeds {literal}, which cannot be read: {e}",
+                        path.display()
+                    )
+                });
+                if target.is_dir() {
+                    for file in fs::read_dir(&target).unwrap() {
+                        found.push(file.unwrap().path());
+                    }
+                } else {
+                    found.push(target);
+                }
+            }
+        }
+    }
+    found
 }
 
 // ---------------------------------------------------------------------------
@@ -422,6 +525,51 @@ fn dockerfile_final_stage_is_a_slim_non_root_runtime() {
 }
 
 #[test]
+fn dockerfile_build_stage_has_every_workspace_file_cargo_needs() {
+    let Image { build, .. } = image();
+    // Every `cargo build` runs on the whole build context, copied into its
+    // WORKDIR: cargo loads every workspace member ([workspace] members in
+    // Cargo.toml, path dependencies) even to build one binary, and the
+    // binary embeds files from config/ and migrations/.
+    let mut builds = 0;
+    for (index, (keyword, args)) in build.instructions.iter().enumerate() {
+        if keyword != "RUN" || !args.contains("cargo build") {
+            continue;
+        }
+        builds += 1;
+        let workdir = build.workdir(index);
+        let whole_context_copied =
+            build.instructions[..index]
+                .iter()
+                .enumerate()
+                .any(|(i, (k, a))| {
+                    k == "COPY" && {
+                        let copy = Copy::parse(a);
+                        copy.from.is_none()
+                            && copy.sources == ["."]
+                            && join(&build.workdir(i), &copy.destination) == workdir
+                    }
+                });
+        assert!(
+            whole_context_copied,
+            "Dockerfile ({}): copy the whole build context into {workdir} (`COPY . .`) before `RUN {args}`: cargo needs every workspace member's manifest and targets, and the files the binary embeds",
+            build.label()
+        );
+    }
+    assert!(
+        builds > 0,
+        "Dockerfile: the build stage runs no `cargo build`"
+    );
+    // ... and .dockerignore must leave all of that in the context.
+    for path in files_cargo_needs() {
+        assert!(
+            !ignored(&path),
+            ".dockerignore excludes `{path}`, which cargo needs to build the image"
+        );
+    }
+}
+
+#[test]
 fn dockerfile_builds_the_release_binary_with_the_locked_dependencies() {
     let Image {
         build, binary_copy, ..
@@ -588,11 +736,15 @@ fn dockerfile_copies_only_files_that_exist_and_are_not_ignored() {
 // .dockerignore
 
 #[test]
-fn dockerignore_keeps_build_output_and_local_data_out_of_the_context() {
+fn dockerignore_keeps_build_output_local_data_and_web_out_of_the_context() {
     for path in [
         "target/release/chargeonce",
         ".pgdata/data/PG_VERSION",
         ".git/HEAD",
+        "web/package.json",
+        "web/node_modules/some-package/index.js",
+        "client/node_modules/some-package/index.js",
+        "chargeonce.log",
     ] {
         assert!(
             ignored(path),
