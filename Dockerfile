@@ -3,7 +3,8 @@
 #   docker build -t chargeonce .
 #   docker run --rm -p 8080:8080 -e DATABASE_URL=postgres://user:pw@host:5432/chargeonce chargeonce
 #
-# tests/deploy_files.rs checks this file against the code and the workspace.
+# tests/deploy_files.rs checks this file against the code and the workspace;
+# `.ci/run` lints it with hadolint (ignored rules, with reasons: .hadolint.yaml).
 
 # ---- build ------------------------------------------------------------------
 FROM rust:1.95-slim-bookworm AS build
