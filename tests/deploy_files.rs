@@ -1,18 +1,27 @@
 //! Static checks of the deployment files (Dockerfile, .dockerignore,
-//! docker-compose.yml) against the code, so they fail when the files drift
-//! from the configuration keys, the port, the binary or the embedded files.
-//! No Docker engine and no database needed.
+//! docker-compose.yml) against the code and the workspace, so they fail when
+//! the files drift from the configuration keys, the port, the command line,
+//! the workspace members or the files the compiler embeds. No Docker engine
+//! and no database needed.
+//!
+//! Only what is specific to chargeonce is checked here. Generic Dockerfile
+//! linting (syntax, shell in RUN, apt hygiene, JSON notation, ...) is
+//! hadolint's job in `.ci/run`. The Dockerfile is read line by line for the
+//! few instructions these checks look at; the compose file through serde.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
-use chargeonce::config::Settings;
-use serde_yaml::Value;
+use chargeonce::config::{ProcessorKind, Settings};
+use chargeonce::processor::simulator::SimulatorOptions;
+use clap::Parser;
+use serde::Deserialize;
 
 // ---------------------------------------------------------------------------
-// Helpers
+// The code's side: configuration, binary, workspace
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -37,10 +46,9 @@ fn default_settings() -> Settings {
 /// The name of the binary target, taken from the built binary itself.
 fn binary_name() -> String {
     Path::new(env!("CARGO_BIN_EXE_chargeonce"))
-        .file_name()
+        .file_stem()
         .and_then(|name| name.to_str())
         .expect("binary file name")
-        .trim_end_matches(".exe")
         .to_owned()
 }
 
@@ -76,50 +84,223 @@ fn parse_version(text: &str) -> Vec<u64> {
     parts
 }
 
-/// `rust-version` from the [package] section of Cargo.toml.
-fn cargo_rust_version() -> String {
-    let manifest = read("Cargo.toml");
-    let mut section = "";
-    for line in manifest.lines().map(str::trim) {
-        if line.starts_with('[') {
-            section = line;
-        } else if section == "[package]" {
-            if let Some((key, value)) = line.split_once('=') {
-                if key.trim() == "rust-version" {
-                    return value.trim().trim_matches('"').to_owned();
+/// The workspace as cargo loads it: `[workspace] members` (globs expanded)
+/// and the path dependencies, from `cargo metadata`.
+#[derive(Deserialize)]
+struct Metadata {
+    packages: Vec<Package>,
+}
+
+#[derive(Deserialize)]
+struct Package {
+    name: String,
+    manifest_path: PathBuf,
+    rust_version: Option<String>,
+    targets: Vec<Target>,
+    dependencies: Vec<Dependency>,
+}
+
+#[derive(Deserialize)]
+struct Target {
+    src_path: PathBuf,
+}
+
+#[derive(Deserialize)]
+struct Dependency {
+    path: Option<PathBuf>,
+}
+
+fn workspace() -> Metadata {
+    let output = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version=1", "--no-deps", "--offline"])
+        .arg("--manifest-path")
+        .arg(repo().join("Cargo.toml"))
+        .output()
+        .expect("run cargo metadata");
+    assert!(
+        output.status.success(),
+        "cargo cannot load the workspace: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("cargo metadata output")
+}
+
+/// `path` relative to the repository root, with `/` separators; it must be
+/// inside the repository (the Docker build context).
+fn in_repo(path: &Path, what: &str) -> String {
+    let root = repo().canonicalize().unwrap();
+    let path = path
+        .canonicalize()
+        .unwrap_or_else(|e| panic!("{what}: {}: {e}", path.display()));
+    let relative = path.strip_prefix(&root).unwrap_or_else(|_| {
+        panic!(
+            "{what} ({}) is outside the repository, so outside the Docker build context",
+            path.display()
+        )
+    });
+    relative
+        .components()
+        .map(|part| part.as_os_str().to_string_lossy())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// The files the image build needs: the lock file, every package's manifest
+/// (cargo loads the whole workspace even for `--bin chargeonce`) and the
+/// sources of its targets (cargo refuses a manifest whose declared targets,
+/// such as `[[bench]] load`, are missing; this asks for all of them, which
+/// copying the source tree gives), the manifests of path dependencies, and
+/// whatever the sources embed (config/default.toml, migrations/).
+fn files_cargo_needs() -> BTreeSet<String> {
+    let mut needed = BTreeSet::from(["Cargo.toml".to_owned(), "Cargo.lock".to_owned()]);
+    for package in workspace().packages {
+        let what = format!("package `{}`", package.name);
+        needed.insert(in_repo(&package.manifest_path, &what));
+        for target in &package.targets {
+            needed.insert(in_repo(&target.src_path, &what));
+        }
+        for path in package.dependencies.iter().filter_map(|d| d.path.as_ref()) {
+            needed.insert(in_repo(&path.join("Cargo.toml"), &what));
+        }
+        let root = package.manifest_path.parent().unwrap();
+        for file in embedded_files(&root.join("src"), root) {
+            needed.insert(in_repo(&file, &what));
+        }
+    }
+    needed
+}
+
+/// Files the sources under `dir` embed at compile time: include_str! and
+/// include_bytes! paths (relative to the source file) and the files of
+/// embed_migrations! folders (relative to the package root).
+fn embedded_files(dir: &Path, package_root: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = fs::read_dir(dir) else {
+        return found;
+    };
+    for entry in entries {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            found.extend(embedded_files(&path, package_root));
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = fs::read_to_string(&path).unwrap();
+        for (opening, base) in [
+            ("include_str!(\"", path.parent().unwrap()),
+            ("include_bytes!(\"", path.parent().unwrap()),
+            ("embed_migrations!(\"", package_root),
+        ] {
+            for (index, _) in text.match_indices(opening) {
+                let rest = &text[index + opening.len()..];
+                let literal = &rest[..rest.find('"').unwrap()];
+                let target = base.join(literal).canonicalize().unwrap_or_else(|e| {
+                    panic!(
+                        "{} embeds {literal}, which cannot be read: {e}",
+                        path.display()
+                    )
+                });
+                if target.is_dir() {
+                    for file in fs::read_dir(&target).unwrap() {
+                        found.push(file.unwrap().path());
+                    }
+                } else {
+                    found.push(target);
                 }
             }
         }
     }
-    panic!("Cargo.toml has no package.rust-version");
+    found
 }
 
 // ---------------------------------------------------------------------------
-// A small Dockerfile reader: enough for instructions, stages and arguments.
+// .dockerignore and Dockerfile paths
 
-#[derive(Debug)]
-struct Instruction {
-    keyword: String,
-    args: String,
+/// `a/./b/../c/` -> `a/c`, `./` -> `.`; a leading `/` is kept.
+fn clean(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            part => parts.push(part),
+        }
+    }
+    match (path.starts_with('/'), parts.is_empty()) {
+        (true, _) => format!("/{}", parts.join("/")),
+        (false, true) => ".".to_owned(),
+        (false, false) => parts.join("/"),
+    }
 }
+
+/// `path` from the folder `dir`, as WORKDIR and COPY destinations resolve.
+fn join(dir: &str, path: &str) -> String {
+    clean(&if path.starts_with('/') {
+        path.to_owned()
+    } else {
+        format!("{dir}/{path}")
+    })
+}
+
+/// Whether .dockerignore leaves `path` (relative to the repository) out of
+/// the build context. As Docker reads it: patterns are relative to the
+/// context root, `*` stays within a folder, `**` spans folders, a pattern
+/// that names a folder covers everything in it, and the last matching line
+/// wins (`!` lines put paths back).
+fn ignored(path: &str) -> bool {
+    let options = glob::MatchOptions {
+        require_literal_separator: true,
+        ..Default::default()
+    };
+    let parts: Vec<&str> = path.split('/').collect();
+    let mut excluded = false;
+    for line in read(".dockerignore").lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (exception, pattern) = match line.strip_prefix('!') {
+            Some(pattern) => (true, pattern),
+            None => (false, line),
+        };
+        let pattern = glob::Pattern::new(&clean(pattern.trim_start_matches('/')))
+            .unwrap_or_else(|e| panic!(".dockerignore: bad pattern `{line}`: {e}"));
+        if (1..=parts.len()).any(|n| pattern.matches_with(&parts[..n].join("/"), options)) {
+            excluded = !exception;
+        }
+    }
+    excluded
+}
+
+// ---------------------------------------------------------------------------
+// The Dockerfile, line by line: only the instructions the checks need
 
 #[derive(Debug)]
 struct Stage {
     image: String,
     name: Option<String>,
-    instructions: Vec<Instruction>,
+    /// (keyword in upper case, arguments), in order.
+    instructions: Vec<(String, String)>,
 }
 
 impl Stage {
-    fn all<'a>(&'a self, keyword: &str) -> impl Iterator<Item = &'a Instruction> + 'a {
-        let keyword = keyword.to_owned();
+    fn args<'a>(&'a self, keyword: &'a str) -> impl Iterator<Item = &'a str> + 'a {
         self.instructions
             .iter()
-            .filter(move |i| i.keyword == keyword)
+            .filter(move |(k, _)| k == keyword)
+            .map(|(_, args)| args.as_str())
     }
 
-    fn last(&self, keyword: &str) -> Option<&Instruction> {
-        self.all(keyword).last()
+    /// The COPY instructions with the WORKDIR each runs in.
+    fn copies(&self) -> impl Iterator<Item = (Copy, String)> + '_ {
+        self.instructions
+            .iter()
+            .enumerate()
+            .filter(|(_, (k, _))| k == "COPY")
+            .map(|(i, (_, args))| (Copy::parse(args), self.workdir(i)))
     }
 
     fn label(&self) -> String {
@@ -129,41 +310,92 @@ impl Stage {
         }
     }
 
-    /// The effective WORKDIR at the end of the stage (absolute only).
-    fn workdir(&self) -> String {
-        self.last("WORKDIR")
-            .map(|i| i.args.trim().trim_end_matches('/').to_owned())
-            .unwrap_or_default()
+    /// The WORKDIR in effect before instruction `index` (`/` at first).
+    fn workdir(&self, index: usize) -> String {
+        self.instructions[..index]
+            .iter()
+            .filter(|(k, _)| k == "WORKDIR")
+            .fold("/".to_owned(), |dir, (_, args)| join(&dir, args.trim()))
     }
 
-    /// `ENV` variables of the stage, in the `KEY=VALUE ...` or `KEY VALUE` form.
+    fn final_workdir(&self) -> String {
+        self.workdir(self.instructions.len())
+    }
+
+    /// `ENV KEY=VALUE ...` (the only form read here).
     fn env(&self) -> HashMap<String, String> {
         let mut vars = HashMap::new();
-        for instruction in self.all("ENV") {
-            let args = instruction.args.trim();
-            let first = args.split_whitespace().next().unwrap_or_default();
-            if first.contains('=') {
-                for pair in args.split_whitespace() {
-                    let (key, value) = pair
-                        .split_once('=')
-                        .unwrap_or_else(|| panic!("Dockerfile: cannot read `ENV {args}`"));
-                    vars.insert(key.to_owned(), unquote(value));
-                }
-            } else {
-                let value = args[first.len()..].trim();
-                vars.insert(first.to_owned(), unquote(value));
+        for args in self.args("ENV") {
+            for pair in args.split_whitespace() {
+                let (key, value) = pair.split_once('=').unwrap_or_else(|| {
+                    panic!("Dockerfile: write `ENV {args}` as ENV KEY=VALUE (no spaces in values)")
+                });
+                vars.insert(key.to_owned(), value.trim_matches('"').to_owned());
             }
         }
         vars
     }
+
+    /// ENTRYPOINT or CMD (the last one counts), which must be a JSON array.
+    fn exec_form(&self, keyword: &str) -> Vec<String> {
+        self.args(keyword).last().map_or_else(Vec::new, |args| {
+            serde_json::from_str(args).unwrap_or_else(|e| {
+                panic!("Dockerfile: {keyword} must be a JSON array (exec form): {e}")
+            })
+        })
+    }
 }
 
-fn unquote(value: &str) -> String {
-    value.trim_matches('"').trim_matches('\'').to_owned()
+/// Logical lines (continuations joined, comments dropped) split into stages.
+/// No heredocs and no `# escape=` directive: hadolint reads the real syntax.
+fn dockerfile() -> Vec<Stage> {
+    let mut lines = Vec::new();
+    let mut current = String::new();
+    for line in read("Dockerfile").lines().map(str::trim) {
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        match line.strip_suffix('\\') {
+            Some(head) => {
+                current.push_str(head);
+                current.push(' ');
+            }
+            None => lines.push(std::mem::take(&mut current) + line),
+        }
+    }
+    assert!(
+        current.is_empty(),
+        "Dockerfile ends inside a continued line"
+    );
+    let mut stages: Vec<Stage> = Vec::new();
+    for line in &lines {
+        let (keyword, args) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
+        let (keyword, args) = (keyword.to_ascii_uppercase(), args.trim().to_owned());
+        if keyword == "FROM" {
+            let words: Vec<&str> = args
+                .split_whitespace()
+                .filter(|w| !w.starts_with("--"))
+                .collect();
+            stages.push(Stage {
+                image: words.first().expect("FROM without an image").to_string(),
+                name: match words.as_slice() {
+                    [_, as_, name] if as_.eq_ignore_ascii_case("as") => Some(name.to_string()),
+                    _ => None,
+                },
+                instructions: Vec::new(),
+            });
+        } else {
+            stages
+                .last_mut()
+                .unwrap_or_else(|| panic!("Dockerfile: `{keyword}` before the first FROM"))
+                .instructions
+                .push((keyword, args));
+        }
+    }
+    stages
 }
 
-/// A COPY or ADD: its `--flag=value`s, sources and destination.
-#[derive(Debug)]
+/// A COPY: `--from` if any, the sources (cleaned) and the destination.
 struct Copy {
     from: Option<String>,
     sources: Vec<String>,
@@ -174,9 +406,11 @@ impl Copy {
     fn parse(args: &str) -> Self {
         let mut from = None;
         let mut rest = args.trim();
-        while rest.starts_with("--") {
-            let (flag, tail) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
-            if let Some(stage) = flag.strip_prefix("--from=") {
+        while let Some(flagged) = rest.strip_prefix("--") {
+            let (flag, tail) = flagged
+                .split_once(char::is_whitespace)
+                .unwrap_or((flagged, ""));
+            if let Some(stage) = flag.strip_prefix("from=") {
                 from = Some(stage.to_owned());
             }
             rest = tail.trim_start();
@@ -187,114 +421,68 @@ impl Copy {
         } else {
             rest.split_whitespace().map(str::to_owned).collect()
         };
+        let destination = paths.pop().unwrap_or_default();
         assert!(
-            paths.len() >= 2,
+            !paths.is_empty(),
             "Dockerfile: `COPY {args}` needs a source and a destination"
         );
-        let destination = paths.pop().unwrap();
         Self {
             from,
-            sources: paths,
+            sources: paths.iter().map(|s| clean(s)).collect(),
             destination,
         }
     }
 
-    /// Where a source lands, given the stage's WORKDIR.
-    fn target_of(&self, source: &str, workdir: &str) -> String {
-        let destination = if self.destination.starts_with('/') {
-            self.destination.clone()
-        } else {
-            format!("{workdir}/{}", self.destination.trim_start_matches("./"))
-        };
-        if destination.ends_with('/') || destination.ends_with("/.") {
-            let base = Path::new(source)
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or(source);
-            format!(
-                "{}/{base}",
-                destination.trim_end_matches('.').trim_end_matches('/')
-            )
+    /// Where the single source `name` (a file name) lands from `workdir`.
+    fn file_target(&self, workdir: &str, name: &str) -> String {
+        let destination = join(workdir, &self.destination);
+        if self.destination.ends_with('/') {
+            join(&destination, name)
         } else {
             destination
         }
     }
 }
 
-/// A source path as written, normalised: `./src/` -> `src`.
-fn normalise(source: &str) -> String {
-    source
-        .trim_start_matches("./")
-        .trim_end_matches('/')
-        .to_owned()
+/// The stages that matter: the final one, and the build stage it copies the
+/// binary from (with that COPY and the WORKDIR it runs in).
+struct Image {
+    build: Stage,
+    runtime: Stage,
+    binary_copy: (Copy, String),
 }
 
-fn parse_dockerfile(text: &str) -> Vec<Stage> {
-    // Join continuation lines; drop comments and blank lines.
-    let mut logical = Vec::new();
-    let mut current = String::new();
-    for line in text.lines() {
-        let trimmed = line.trim();
-        if trimmed.starts_with('#') || (trimmed.is_empty() && current.is_empty()) {
-            continue;
-        }
-        if let Some(head) = trimmed.strip_suffix('\\') {
-            current.push_str(head);
-            current.push(' ');
-        } else {
-            current.push_str(trimmed);
-            logical.push(std::mem::take(&mut current));
-        }
-    }
+fn image() -> Image {
+    let mut stages = dockerfile();
     assert!(
-        current.trim().is_empty(),
-        "Dockerfile ends inside a continued line"
+        stages.len() >= 2,
+        "Dockerfile: expected a multi-stage build (build + runtime), found {} FROM",
+        stages.len()
     );
-
-    let mut stages: Vec<Stage> = Vec::new();
-    for line in logical.iter().filter(|l| !l.trim().is_empty()) {
-        let (keyword, args) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
-        let keyword = keyword.to_ascii_uppercase();
-        let args = args.trim().to_owned();
-        if keyword == "FROM" {
-            let words: Vec<&str> = args
-                .split_whitespace()
-                .filter(|w| !w.starts_with("--"))
-                .collect();
-            let image = words.first().expect("FROM without an image").to_string();
-            let name = match words.get(1) {
-                Some(word) if word.eq_ignore_ascii_case("as") => {
-                    words.get(2).map(|n| n.to_string())
-                }
-                _ => None,
-            };
-            stages.push(Stage {
-                image,
-                name,
-                instructions: Vec::new(),
-            });
-        } else {
-            stages
-                .last_mut()
-                .unwrap_or_else(|| panic!("Dockerfile: `{keyword}` before the first FROM"))
-                .instructions
-                .push(Instruction { keyword, args });
-        }
+    let runtime = stages.pop().unwrap();
+    let binary = binary_name();
+    let binary_copy = runtime
+        .copies()
+        .find(|(c, _)| {
+            c.from.is_some()
+                && c.sources
+                    .iter()
+                    .any(|s| s.ends_with(&format!("/release/{binary}")))
+        })
+        .unwrap_or_else(|| {
+            panic!("Dockerfile: the final stage copies no release/{binary} from a build stage")
+        });
+    let from = binary_copy.0.from.clone().unwrap();
+    let index = stages
+        .iter()
+        .position(|s| s.name.as_deref() == Some(from.as_str()))
+        .or_else(|| from.parse().ok())
+        .unwrap_or_else(|| panic!("Dockerfile: COPY --from={from} names no earlier stage"));
+    Image {
+        build: stages.swap_remove(index),
+        runtime,
+        binary_copy,
     }
-    stages
-}
-
-/// An ENTRYPOINT or CMD in exec form (JSON array).
-fn exec_form(stage: &Stage, keyword: &str) -> Vec<String> {
-    let Some(instruction) = stage.last(keyword) else {
-        return Vec::new();
-    };
-    assert!(
-        instruction.args.starts_with('['),
-        "Dockerfile: {keyword} must use the exec form [\"...\"], or /bin/sh runs as PID 1 and SIGTERM never reaches chargeonce (no graceful shutdown)"
-    );
-    serde_json::from_str(&instruction.args)
-        .unwrap_or_else(|e| panic!("Dockerfile: {keyword} is not a JSON array of strings: {e}"))
 }
 
 /// The Debian release named in an image reference, if any.
@@ -304,120 +492,20 @@ fn debian_release(image: &str) -> Option<&'static str> {
         .find(|release| image.contains(release))
 }
 
-fn dockerignore_patterns() -> Vec<String> {
-    read(".dockerignore")
-        .lines()
-        .map(str::trim)
-        .filter(|line| !line.is_empty() && !line.starts_with('#'))
-        .map(|line| {
-            line.trim_start_matches('/')
-                .trim_end_matches('/')
-                .to_owned()
-        })
-        .collect()
-}
-
-/// Files the crate embeds at compile time: include_str!/include_bytes! paths
-/// (relative to the source file) and embed_migrations! folders (relative to
-/// the crate root), as top-level entries of the repository.
-fn embedded_top_level_paths() -> BTreeSet<String> {
-    fn visit(dir: &Path, found: &mut BTreeSet<String>) {
-        for entry in fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                visit(&path, found);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                let text = fs::read_to_string(&path).unwrap();
-                for (macro_name, relative_to_file) in [
-                    ("include_str!(\"", true),
-                    ("include_bytes!(\"", true),
-                    ("embed_migrations!(\"", false),
-                ] {
-                    for (index, _) in text.match_indices(macro_name) {
-                        let rest = &text[index + macro_name.len()..];
-                        let literal = &rest[..rest.find('"').unwrap()];
-                        let full = if relative_to_file {
-                            path.parent().unwrap().join(literal)
-                        } else {
-                            repo().join(literal)
-                        };
-                        // Resolve `..` without touching the file system.
-                        let mut parts: Vec<String> = Vec::new();
-                        for part in full.strip_prefix(repo()).unwrap().components() {
-                            match part {
-                                std::path::Component::ParentDir => {
-                                    parts.pop();
-                                }
-                                std::path::Component::Normal(p) => {
-                                    parts.push(p.to_string_lossy().into_owned())
-                                }
-                                _ => {}
-                            }
-                        }
-                        found.insert(parts.first().cloned().unwrap_or_default());
-                    }
-                }
-            }
-        }
-    }
-    let mut found = BTreeSet::new();
-    visit(&repo().join("src"), &mut found);
-    found
-}
-
 // ---------------------------------------------------------------------------
-// (b) Dockerfile
-
-struct Image {
-    build: Stage,
-    runtime: Stage,
-}
-
-/// The runtime stage (the last) and the build stage it copies the binary from.
-fn image() -> Image {
-    let mut stages = parse_dockerfile(&read("Dockerfile"));
-    assert!(
-        stages.len() >= 2,
-        "Dockerfile: expected a multi-stage build (build + runtime), found {} FROM",
-        stages.len()
-    );
-    let runtime = stages.pop().unwrap();
-    let binary = binary_name();
-    let copy = runtime
-        .all("COPY")
-        .map(|i| Copy::parse(&i.args))
-        .find(|c| {
-            c.from.is_some()
-                && c.sources
-                    .iter()
-                    .any(|s| s.ends_with(&format!("/release/{binary}")))
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "Dockerfile: the final stage copies no target/release/{binary} from a build stage"
-            )
-        });
-    let from = copy.from.unwrap();
-    let index = stages
-        .iter()
-        .position(|s| s.name.as_deref() == Some(from.as_str()))
-        .or_else(|| from.parse().ok())
-        .unwrap_or_else(|| panic!("Dockerfile: COPY --from={from} names no earlier stage"));
-    let build = stages.swap_remove(index);
-    Image { build, runtime }
-}
+// Dockerfile
 
 #[test]
-fn dockerfile_final_stage_is_a_slim_runtime_not_the_rust_image() {
-    let Image { build, runtime } = image();
+fn dockerfile_final_stage_is_a_slim_non_root_runtime() {
+    let Image { build, runtime, .. } = image();
     assert!(
         build.image.starts_with("rust:"),
         "Dockerfile: the build stage should use the official rust image, found {}",
         build.image
     );
     assert!(
-        !runtime.image.starts_with("rust"),
-        "Dockerfile: the final stage must not be the rust toolchain image, found {}",
+        runtime.image.contains("slim") || runtime.image.contains("distroless"),
+        "Dockerfile: the final stage must be a slim runtime image (no toolchain), found {}",
         runtime.image
     );
     if let (Some(built_on), Some(runs_on)) =
@@ -428,10 +516,7 @@ fn dockerfile_final_stage_is_a_slim_runtime_not_the_rust_image() {
             "Dockerfile: built on Debian {built_on} but run on Debian {runs_on}: the binary may need a newer glibc than the runtime has"
         );
     }
-    let user = runtime
-        .last("USER")
-        .map(|i| i.args.trim().to_owned())
-        .unwrap_or_default();
+    let user = runtime.args("USER").last().unwrap_or_default().trim();
     let user_name = user.split(':').next().unwrap_or_default();
     assert!(
         !user_name.is_empty() && user_name != "root" && user_name != "0",
@@ -440,147 +525,134 @@ fn dockerfile_final_stage_is_a_slim_runtime_not_the_rust_image() {
 }
 
 #[test]
-fn dockerfile_copies_only_files_that_exist_and_are_not_ignored() {
-    let ignored = dockerignore_patterns();
-    for stage in parse_dockerfile(&read("Dockerfile")) {
-        for instruction in stage
-            .instructions
-            .iter()
-            .filter(|i| i.keyword == "COPY" || i.keyword == "ADD")
-        {
-            let copy = Copy::parse(&instruction.args);
-            if copy.from.is_some() {
-                continue;
-            }
-            for source in &copy.sources {
-                let source = normalise(source);
-                assert!(
-                    repo().join(&source).exists(),
-                    "Dockerfile ({}): `{} {}` copies `{source}`, which does not exist in the repository",
-                    stage.label(),
-                    instruction.keyword,
-                    instruction.args
-                );
-                let top = source.split('/').next().unwrap_or_default();
-                assert!(
-                    !ignored.iter().any(|pattern| pattern == top || *pattern == source),
-                    "Dockerfile: copies `{source}`, but .dockerignore excludes it from the build context"
-                );
-            }
-        }
-    }
-}
-
-#[test]
-fn dockerfile_build_stage_has_everything_the_compiler_embeds() {
+fn dockerfile_build_stage_has_every_workspace_file_cargo_needs() {
     let Image { build, .. } = image();
-    let copied: BTreeSet<String> = build
-        .all("COPY")
-        .map(|i| Copy::parse(&i.args))
-        .filter(|c| c.from.is_none())
-        .flat_map(|c| c.sources.into_iter().map(|s| normalise(&s)))
-        .collect();
-    let mut needed: BTreeSet<String> = ["Cargo.toml", "Cargo.lock", "src", "migrations", "config"]
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
-    if repo().join("build.rs").exists() {
-        needed.insert("build.rs".to_owned());
-    }
-    // Whatever src/ embeds with include_str!/embed_migrations! must be there too.
-    needed.extend(embedded_top_level_paths());
-    for path in &needed {
+    // Every `cargo build` runs on the whole build context, copied into its
+    // WORKDIR: cargo loads every workspace member ([workspace] members in
+    // Cargo.toml, path dependencies) even to build one binary, and the
+    // binary embeds files from config/ and migrations/.
+    let mut builds = 0;
+    for (index, (keyword, args)) in build.instructions.iter().enumerate() {
+        if keyword != "RUN" || !args.contains("cargo build") {
+            continue;
+        }
+        builds += 1;
+        let workdir = build.workdir(index);
+        let whole_context_copied =
+            build.instructions[..index]
+                .iter()
+                .enumerate()
+                .any(|(i, (k, a))| {
+                    k == "COPY" && {
+                        let copy = Copy::parse(a);
+                        copy.from.is_none()
+                            && copy.sources == ["."]
+                            && join(&build.workdir(i), &copy.destination) == workdir
+                    }
+                });
         assert!(
-            copied.contains(path),
-            "Dockerfile: the build stage ({}) must COPY `{path}` (the build needs it); it copies {copied:?}",
+            whole_context_copied,
+            "Dockerfile ({}): copy the whole build context into {workdir} (`COPY . .`) before `RUN {args}`: cargo needs every workspace member's manifest and targets, and the files the binary embeds",
             build.label()
+        );
+    }
+    assert!(
+        builds > 0,
+        "Dockerfile: the build stage runs no `cargo build`"
+    );
+    // ... and .dockerignore must leave all of that in the context.
+    for path in files_cargo_needs() {
+        assert!(
+            !ignored(&path),
+            ".dockerignore excludes `{path}`, which cargo needs to build the image"
         );
     }
 }
 
 #[test]
 fn dockerfile_builds_the_release_binary_with_the_locked_dependencies() {
-    let Image { build, .. } = image();
-    let builds: Vec<&Instruction> = build
-        .all("RUN")
-        .filter(|i| i.args.contains("cargo build"))
+    let Image {
+        build, binary_copy, ..
+    } = image();
+    let builds: Vec<&str> = build
+        .args("RUN")
+        .filter(|args| args.contains("cargo build"))
         .collect();
     assert!(
         !builds.is_empty(),
         "Dockerfile: the build stage runs no `cargo build`"
     );
     for run in &builds {
-        assert!(
-            run.args.contains("--locked"),
-            "Dockerfile: `cargo build` must use --locked (the image must build what Cargo.lock pins): `RUN {}`",
-            run.args
-        );
-        assert!(
-            run.args.contains("--release"),
-            "Dockerfile: `cargo build` must use --release (the final stage copies target/release): `RUN {}`",
-            run.args
-        );
+        for flag in ["--locked", "--release"] {
+            assert!(
+                run.split_whitespace().any(|word| word == flag),
+                "Dockerfile: `cargo build` must use {flag} (the image builds what Cargo.lock pins, in release mode): `RUN {run}`"
+            );
+        }
     }
+    // The binary the final stage takes is the one cargo wrote.
+    let target_dir = join(
+        &build.final_workdir(),
+        build
+            .env()
+            .get("CARGO_TARGET_DIR")
+            .map_or("target", String::as_str),
+    );
+    let expected = format!("{target_dir}/release/{}", binary_name());
+    assert!(
+        binary_copy.0.sources == [expected.as_str()],
+        "Dockerfile: the final stage must copy {expected}, where cargo build writes the binary, copies {:?}",
+        binary_copy.0.sources
+    );
 }
 
 #[test]
-fn dockerfile_rust_image_is_new_enough_for_the_crate() {
+fn dockerfile_rust_image_is_new_enough_for_the_workspace() {
     let Image { build, .. } = image();
-    let tag = build
-        .image
-        .split_once(':')
-        .map(|(_, tag)| tag)
-        .unwrap_or_else(|| {
-            panic!(
-                "Dockerfile: pin the rust image version, found `{}`",
-                build.image
-            )
-        });
+    let (_, tag) = build.image.split_once(':').unwrap_or_else(|| {
+        panic!(
+            "Dockerfile: pin the rust image version, found `{}`",
+            build.image
+        )
+    });
     let version = tag.split('-').next().unwrap_or_default();
     assert!(
         version.starts_with(|c: char| c.is_ascii_digit()),
         "Dockerfile: the rust image tag `{tag}` names no version; pin one like 1.95-slim-bookworm"
     );
-    let required = cargo_rust_version();
-    assert!(
-        parse_version(version) >= parse_version(&required),
-        "Dockerfile: rust image {version} is older than the crate's rust-version {required} (Cargo.toml)"
-    );
+    for package in workspace().packages {
+        if let Some(required) = package.rust_version {
+            assert!(
+                parse_version(version) >= parse_version(&required),
+                "Dockerfile: rust image {version} is older than rust-version {required} of `{}`",
+                package.name
+            );
+        }
+    }
 }
 
 #[test]
 fn dockerfile_runs_chargeonce_serve_on_the_configured_port() {
-    let Image { build, runtime } = image();
+    let Image {
+        runtime,
+        binary_copy: (binary_copy, copy_workdir),
+        ..
+    } = image();
     let binary = binary_name();
 
-    // ENTRYPOINT + CMD together must be `chargeonce serve`.
-    let mut command = exec_form(&runtime, "ENTRYPOINT");
-    command.extend(exec_form(&runtime, "CMD"));
+    // ENTRYPOINT + CMD together must be `chargeonce serve`...
+    let mut command = runtime.exec_form("ENTRYPOINT");
+    command.extend(runtime.exec_form("CMD"));
     assert_eq!(
         command,
         [binary.clone(), "serve".to_owned()],
         "Dockerfile: ENTRYPOINT + CMD must run `{binary} serve`"
     );
-
-    // ... and `chargeonce` must be where it is looked up.
-    let installed: Vec<String> = runtime
-        .all("COPY")
-        .map(|i| Copy::parse(&i.args))
-        .filter(|c| c.from.is_some())
-        .flat_map(|c| {
-            c.sources
-                .iter()
-                .map(|s| c.target_of(s, &runtime.workdir()))
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    assert!(
-        installed.contains(&format!("/usr/local/bin/{binary}")),
-        "Dockerfile: the binary must be copied to /usr/local/bin/{binary} (on PATH) for ENTRYPOINT [\"{binary}\"]; copied to {installed:?}"
-    );
-    assert!(
-        build.workdir().starts_with('/'),
-        "Dockerfile: the build stage needs an absolute WORKDIR"
+    // ... and `chargeonce` must be on PATH, where ENTRYPOINT looks it up.
+    assert_eq!(
+        binary_copy.file_target(&copy_workdir, &binary),
+        format!("/usr/local/bin/{binary}"),
+        "Dockerfile: the binary must be copied to /usr/local/bin/{binary} for ENTRYPOINT [\"{binary}\"]"
     );
 
     // The image's ENV must be valid configuration, and what it gives must be
@@ -592,14 +664,14 @@ fn dockerfile_runs_chargeonce_serve_on_the_configured_port() {
         settings.server.host, "0.0.0.0",
         "Dockerfile: the image must set CHARGEONCE__SERVER__HOST=0.0.0.0, or the port is unreachable from outside the container"
     );
+    let default_port = default_settings().server.port;
+    assert_eq!(
+        settings.server.port, default_port,
+        "Dockerfile: the image changes server.port; keep the default {default_port}"
+    );
     let exposed: Vec<u16> = runtime
-        .all("EXPOSE")
-        .flat_map(|i| {
-            i.args
-                .split_whitespace()
-                .map(str::to_owned)
-                .collect::<Vec<_>>()
-        })
+        .args("EXPOSE")
+        .flat_map(str::split_whitespace)
         .map(|port| {
             port.split('/')
                 .next()
@@ -608,11 +680,6 @@ fn dockerfile_runs_chargeonce_serve_on_the_configured_port() {
                 .unwrap_or_else(|_| panic!("Dockerfile: EXPOSE {port} is not a port"))
         })
         .collect();
-    let default_port = default_settings().server.port;
-    assert_eq!(
-        settings.server.port, default_port,
-        "Dockerfile: the image changes server.port; keep the default {default_port}"
-    );
     assert_eq!(
         exposed,
         [default_port],
@@ -620,141 +687,259 @@ fn dockerfile_runs_chargeonce_serve_on_the_configured_port() {
     );
 
     // The config folder must land where the binary looks: ./config from the
-    // WORKDIR, or CHARGEONCE_CONFIG_DIR.
-    let config_dir = env
-        .get("CHARGEONCE_CONFIG_DIR")
-        .cloned()
-        .unwrap_or_else(|| format!("{}/config", runtime.workdir()));
-    let config_copied = runtime
-        .all("COPY")
-        .map(|i| Copy::parse(&i.args))
-        .filter(|c| c.from.is_none())
-        .any(|c| {
-            c.sources.iter().any(|s| {
-                normalise(s) == "config" && c.target_of(s, &runtime.workdir()) == config_dir
-            })
-        });
-    assert!(
-        config_copied,
-        "Dockerfile: the final stage must COPY config to {config_dir}, where chargeonce reads it (WORKDIR + /config)"
+    // final WORKDIR, or CHARGEONCE_CONFIG_DIR.
+    let workdir = runtime.final_workdir();
+    let config_dir = join(
+        &workdir,
+        env.get("CHARGEONCE_CONFIG_DIR")
+            .map_or("config", String::as_str),
     );
+    let copied = runtime.copies().any(|(copy, copy_workdir)| {
+        copy.from.is_none()
+            && copy.sources == ["config"]
+            && join(&copy_workdir, &copy.destination) == config_dir
+    });
+    assert!(
+        copied,
+        "Dockerfile: the final stage must COPY config to {config_dir}, where chargeonce reads its config folder"
+    );
+    for entry in fs::read_dir(repo().join("config")).unwrap() {
+        let path = format!("config/{}", entry.unwrap().file_name().to_string_lossy());
+        assert!(
+            !ignored(&path),
+            ".dockerignore excludes `{path}`, which the image needs"
+        );
+    }
+}
+
+#[test]
+fn dockerfile_copies_only_files_that_exist_and_are_not_ignored() {
+    for stage in dockerfile() {
+        for (copy, _) in stage.copies().filter(|(c, _)| c.from.is_none()) {
+            for source in copy.sources.iter().filter(|s| *s != ".") {
+                assert!(
+                    repo().join(source).exists(),
+                    "Dockerfile ({}): COPY of `{source}`, which is not in the repository",
+                    stage.label()
+                );
+                assert!(
+                    !ignored(source),
+                    "Dockerfile ({}): COPY of `{source}`, which .dockerignore excludes",
+                    stage.label()
+                );
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
-// (c) .dockerignore
+// .dockerignore
 
 #[test]
-fn dockerignore_keeps_build_output_and_local_data_out_of_the_context() {
-    let patterns = dockerignore_patterns();
-    for needed in ["target", ".pgdata", ".git"] {
+fn dockerignore_keeps_build_output_local_data_and_web_out_of_the_context() {
+    for path in [
+        "target/release/chargeonce",
+        ".pgdata/data/PG_VERSION",
+        ".git/HEAD",
+        "web/package.json",
+        "web/node_modules/some-package/index.js",
+        "client/node_modules/some-package/index.js",
+        "chargeonce.log",
+    ] {
         assert!(
-            patterns.iter().any(|p| p == needed),
-            ".dockerignore must exclude `{needed}`; it has {patterns:?}"
+            ignored(path),
+            ".dockerignore must keep `{path}` out of the build context"
         );
     }
 }
 
 // ---------------------------------------------------------------------------
-// (a) docker-compose.yml
+// docker-compose.yml
 
-fn compose() -> Value {
-    serde_yaml::from_str(&read("docker-compose.yml"))
-        .unwrap_or_else(|e| panic!("docker-compose.yml is not valid YAML: {e}"))
+#[derive(Debug, Deserialize)]
+struct Compose {
+    services: BTreeMap<String, Service>,
+    #[serde(default)]
+    volumes: BTreeMap<String, Option<yaml_serde::Value>>,
 }
 
-fn service<'a>(compose: &'a Value, name: &str) -> &'a Value {
-    compose
-        .get("services")
-        .and_then(|services| services.get(name))
-        .unwrap_or_else(|| panic!("docker-compose.yml: no service `{name}`"))
+#[derive(Debug, Deserialize)]
+struct Service {
+    build: Option<Build>,
+    command: Option<Vec<String>>,
+    #[serde(default)]
+    environment: Environment,
+    #[serde(default)]
+    ports: Vec<Port>,
+    #[serde(default)]
+    depends_on: DependsOn,
+    healthcheck: Option<Healthcheck>,
+    #[serde(default)]
+    volumes: Vec<String>,
 }
 
-fn scalar(value: &Value, what: &str) -> String {
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Build {
+    Context(String),
+    Long { context: String },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Environment {
+    Map(BTreeMap<String, Option<yaml_serde::Value>>),
+    List(Vec<String>),
+}
+
+impl Default for Environment {
+    fn default() -> Self {
+        Self::List(Vec::new())
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Port {
+    Long { target: u16 },
+    Short(yaml_serde::Value),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum DependsOn {
+    List(Vec<String>),
+    Map(BTreeMap<String, Dependence>),
+}
+
+impl Default for DependsOn {
+    fn default() -> Self {
+        Self::List(Vec::new())
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct Dependence {
+    condition: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Healthcheck {
+    test: yaml_serde::Value,
+}
+
+fn compose() -> Compose {
+    yaml_serde::from_str(&read("docker-compose.yml"))
+        .unwrap_or_else(|e| panic!("docker-compose.yml does not read as a compose file: {e}"))
+}
+
+impl Compose {
+    fn service(&self, name: &str) -> &Service {
+        self.services
+            .get(name)
+            .unwrap_or_else(|| panic!("docker-compose.yml: no service `{name}`"))
+    }
+}
+
+fn scalar(value: &yaml_serde::Value, what: &str) -> String {
     match value {
-        Value::String(s) => s.clone(),
-        Value::Number(n) => n.to_string(),
-        Value::Bool(b) => b.to_string(),
+        yaml_serde::Value::String(s) => s.clone(),
+        yaml_serde::Value::Number(n) => n.to_string(),
+        yaml_serde::Value::Bool(b) => b.to_string(),
         other => panic!("docker-compose.yml: {what} must be a plain value, found {other:?}"),
     }
 }
 
-/// A service's `environment`, in map or `KEY=VALUE` list form.
-fn environment(service: &Value, what: &str) -> HashMap<String, String> {
-    match service.get("environment") {
-        None => HashMap::new(),
-        Some(Value::Mapping(map)) => map
-            .iter()
-            .map(|(key, value)| {
-                let key = scalar(key, "an environment name");
-                let value = scalar(value, &format!("{what} environment `{key}`"));
-                (key, value)
-            })
-            .collect(),
-        Some(Value::Sequence(items)) => items
-            .iter()
-            .map(|item| {
-                let item = scalar(item, "an environment entry");
-                let (key, value) = item.split_once('=').unwrap_or_else(|| {
-                    panic!("docker-compose.yml: {what} environment entry `{item}` has no =")
-                });
-                (key.to_owned(), value.to_owned())
-            })
-            .collect(),
-        Some(other) => panic!(
-            "docker-compose.yml: {what} environment must be a map or a list, found {other:?}"
-        ),
-    }
-}
-
-/// The container side of a `ports` entry: "8080", "8080:8080",
-/// "127.0.0.1:8080:8080/tcp", or the long form with `target`.
-fn container_port(entry: &Value) -> u16 {
-    let text = match entry.get("target") {
-        Some(target) => scalar(target, "ports target"),
-        None => {
-            let short = scalar(entry, "a ports entry");
-            let without_protocol = short.split('/').next().unwrap().to_owned();
-            without_protocol.rsplit(':').next().unwrap().to_owned()
+impl Service {
+    /// The `environment`, in map or `KEY=VALUE` list form.
+    fn environment(&self, what: &str) -> HashMap<String, String> {
+        match &self.environment {
+            Environment::Map(map) => map
+                .iter()
+                .map(|(key, value)| {
+                    let value = value.as_ref().unwrap_or_else(|| {
+                        panic!("docker-compose.yml: {what} environment `{key}` takes its value from the host; give it one")
+                    });
+                    (key.clone(), scalar(value, &format!("{what} environment `{key}`")))
+                })
+                .collect(),
+            Environment::List(items) => items
+                .iter()
+                .map(|item| {
+                    let (key, value) = item.split_once('=').unwrap_or_else(|| {
+                        panic!("docker-compose.yml: {what} environment entry `{item}` has no =")
+                    });
+                    (key.to_owned(), value.to_owned())
+                })
+                .collect(),
         }
-    };
-    text.parse().unwrap_or_else(|_| {
-        panic!("docker-compose.yml: cannot read the container port of {entry:?}")
-    })
+    }
+
+    /// The container side of each `ports` entry: "8080", "8080:8080",
+    /// "127.0.0.1:8080:8080/tcp", or the long form's `target`.
+    fn container_ports(&self) -> Vec<u16> {
+        self.ports
+            .iter()
+            .map(|port| match port {
+                Port::Long { target } => *target,
+                Port::Short(value) => {
+                    let short = scalar(value, "a ports entry");
+                    let port = short.split('/').next().unwrap().rsplit(':').next().unwrap();
+                    port.parse().unwrap_or_else(|_| {
+                        panic!("docker-compose.yml: cannot read the container port of `{short}`")
+                    })
+                }
+            })
+            .collect()
+    }
+
+    fn depends_on(&self, name: &str) -> Option<Option<&str>> {
+        match &self.depends_on {
+            DependsOn::List(names) => names.iter().any(|n| n == name).then_some(None),
+            DependsOn::Map(map) => map.get(name).map(|d| d.condition.as_deref()),
+        }
+    }
+
+    fn built_from_this_folder(&self, name: &str) {
+        let context = match &self.build {
+            Some(Build::Context(context) | Build::Long { context }) => clean(context),
+            None => String::new(),
+        };
+        assert_eq!(
+            context, ".",
+            "docker-compose.yml: {name} must be built from this folder (build: .), the image of the Dockerfile"
+        );
+    }
 }
 
 #[test]
 fn compose_runs_chargeonce_after_a_healthy_postgres() {
     let compose = compose();
-    let postgres = service(&compose, "postgres");
-    let chargeonce = service(&compose, "chargeonce");
+    let postgres = compose.service("postgres");
+    let chargeonce = compose.service("chargeonce");
 
-    let healthcheck = serde_yaml::to_string(&postgres["healthcheck"]["test"]).unwrap();
+    let healthcheck = postgres
+        .healthcheck
+        .as_ref()
+        .map(|h| yaml_serde::to_string(&h.test).unwrap())
+        .unwrap_or_default();
     assert!(
         healthcheck.contains("pg_isready"),
-        "docker-compose.yml: postgres needs a healthcheck running pg_isready, found {healthcheck}"
+        "docker-compose.yml: postgres needs a healthcheck running pg_isready, found `{healthcheck}`"
     );
     assert_eq!(
-        chargeonce["depends_on"]["postgres"]["condition"].as_str(),
-        Some("service_healthy"),
+        chargeonce.depends_on("postgres"),
+        Some(Some("service_healthy")),
         "docker-compose.yml: chargeonce must depend on postgres with condition service_healthy"
     );
-    let context = match &chargeonce["build"] {
-        Value::String(context) => context.clone(),
-        build => build["context"].as_str().unwrap_or_default().to_owned(),
-    };
-    assert_eq!(
-        normalise(&context),
-        ".",
-        "docker-compose.yml: chargeonce must be built from this folder (build: .)"
-    );
+    chargeonce.built_from_this_folder("chargeonce");
 
     // Named volumes must be declared at the top level.
-    for volume in postgres["volumes"].as_sequence().into_iter().flatten() {
-        let volume = scalar(volume, "a volume");
+    for volume in &postgres.volumes {
         let source = volume.split(':').next().unwrap();
         if !(source.starts_with('.') || source.starts_with('/') || source.starts_with('~')) {
             assert!(
-                compose["volumes"].get(source).is_some(),
+                compose.volumes.contains_key(source),
                 "docker-compose.yml: named volume `{source}` is not declared under the top-level volumes"
             );
         }
@@ -764,8 +949,8 @@ fn compose_runs_chargeonce_after_a_healthy_postgres() {
 #[test]
 fn compose_environment_is_valid_chargeonce_configuration() {
     let compose = compose();
-    let chargeonce = service(&compose, "chargeonce");
-    let vars = environment(chargeonce, "chargeonce");
+    let chargeonce = compose.service("chargeonce");
+    let vars = chargeonce.environment("chargeonce");
     assert!(
         !vars.is_empty(),
         "docker-compose.yml: chargeonce has no environment"
@@ -811,7 +996,7 @@ fn compose_environment_is_valid_chargeonce_configuration() {
         "docker-compose.yml: the database URL must use port 5432 of the postgres service, found {:?}",
         url.get_ports()
     );
-    let pg = environment(service(&compose, "postgres"), "postgres");
+    let pg = compose.service("postgres").environment("postgres");
     let pg_user = pg
         .get("POSTGRES_USER")
         .cloned()
@@ -842,12 +1027,7 @@ fn compose_environment_is_valid_chargeonce_configuration() {
         settings.server.port, default_port,
         "docker-compose.yml: keep server.port at its default {default_port} (the image EXPOSEs it)"
     );
-    let ports: Vec<u16> = chargeonce["ports"]
-        .as_sequence()
-        .into_iter()
-        .flatten()
-        .map(container_port)
-        .collect();
+    let ports = chargeonce.container_ports();
     assert!(
         ports.contains(&settings.server.port),
         "docker-compose.yml: chargeonce must publish container port {} (server.port), publishes {ports:?}",
@@ -855,52 +1035,70 @@ fn compose_environment_is_valid_chargeonce_configuration() {
     );
 }
 
+/// `chargeonce psp-sim ...` as the binary reads it.
+#[derive(Parser)]
+#[command(name = "psp-sim")]
+struct PspSimCommand {
+    #[command(flatten)]
+    options: SimulatorOptions,
+}
+
 #[test]
 fn compose_points_chargeonce_at_its_psp_sim() {
     let compose = compose();
-    let simulator = service(&compose, "psp-sim");
-    let command: Vec<String> = simulator["command"]
-        .as_sequence()
-        .expect("docker-compose.yml: psp-sim needs a command list")
-        .iter()
-        .map(|part| scalar(part, "a psp-sim command word"))
-        .collect();
+    let simulator = compose.service("psp-sim");
+    simulator.built_from_this_folder("psp-sim");
+
+    // The command follows the image's ENTRYPOINT (chargeonce): it must be
+    // `psp-sim` with options the binary accepts.
+    let command = simulator
+        .command
+        .clone()
+        .expect("docker-compose.yml: psp-sim needs a command list");
     assert_eq!(
         command.first().map(String::as_str),
         Some("psp-sim"),
         "docker-compose.yml: psp-sim must run `chargeonce psp-sim`, found {command:?}"
     );
-    let option = |name: &str| {
-        command
-            .iter()
-            .position(|word| word == name)
-            .and_then(|i| command.get(i + 1))
-            .cloned()
-    };
+    let options = PspSimCommand::try_parse_from(&command)
+        .unwrap_or_else(|e| {
+            panic!(
+                "docker-compose.yml: `chargeonce {}` is not a valid command: {e}",
+                command.join(" ")
+            )
+        })
+        .options;
+    options
+        .validate()
+        .unwrap_or_else(|e| panic!("docker-compose.yml: psp-sim options: {e}"));
     assert_eq!(
-        option("--host").as_deref(),
-        Some("0.0.0.0"),
-        "docker-compose.yml: psp-sim must listen on 0.0.0.0"
+        options.host, "0.0.0.0",
+        "docker-compose.yml: psp-sim must listen on 0.0.0.0 (--host)"
     );
-    let port = option("--port").unwrap_or_else(|| "8090".to_owned());
+    let published = simulator.container_ports();
+    assert!(
+        published.iter().all(|port| *port == options.port),
+        "docker-compose.yml: psp-sim publishes container ports {published:?}, but listens on {}",
+        options.port
+    );
 
-    let chargeonce = service(&compose, "chargeonce");
+    let chargeonce = compose.service("chargeonce");
     let settings = load_settings(
-        &environment(chargeonce, "chargeonce"),
+        &chargeonce.environment("chargeonce"),
         "docker-compose.yml chargeonce environment",
     );
     assert_eq!(
         settings.processor.kind,
-        chargeonce::config::ProcessorKind::Http,
+        ProcessorKind::Http,
         "docker-compose.yml: chargeonce must use processor.kind = http"
     );
     assert_eq!(
         settings.processor.url,
-        format!("http://psp-sim:{port}"),
-        "docker-compose.yml: processor.url must reach the psp-sim service"
+        format!("http://psp-sim:{}", options.port),
+        "docker-compose.yml: processor.url must reach the psp-sim service on its port"
     );
     assert!(
-        chargeonce["depends_on"].get("psp-sim").is_some(),
+        chargeonce.depends_on("psp-sim").is_some(),
         "docker-compose.yml: chargeonce must depend on psp-sim"
     );
 }
