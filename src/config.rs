@@ -39,6 +39,7 @@ pub struct Settings {
 #[serde(deny_unknown_fields)]
 pub struct AuthSettings {
     pub cache_ttl_ms: u64,
+    pub unknown_key_ttl_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -252,6 +253,12 @@ impl Settings {
             return Err(invalid(
                 "idempotency.in_flight_wait_ms",
                 "must be at most 10000",
+            ));
+        }
+        if self.auth.unknown_key_ttl_ms > 60_000 {
+            return Err(invalid(
+                "auth.unknown_key_ttl_ms",
+                "must be at most 60000 (one minute)",
             ));
         }
         if self.auth.cache_ttl_ms > 3_600_000 {

@@ -95,9 +95,7 @@ impl Application {
         let listener = TcpListener::bind(&address).map_err(bind_error)?;
         let port = listener.local_addr().map_err(bind_error)?.port();
 
-        let api_keys = web::Data::new(ApiKeyCache::new(Duration::from_millis(
-            settings.auth.cache_ttl_ms,
-        )));
+        let api_keys = web::Data::new(ApiKeyCache::new(&settings.auth));
         let limits = web::Data::new(HttpLimits {
             max_body_bytes: settings.http.max_body_bytes,
         });

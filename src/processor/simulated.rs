@@ -11,11 +11,16 @@
 //!
 //! The payment id is derived from the key, so a repeated call returns the
 //! same payment, as a real processor does.
+//!
+//! The only state is which `…09` keys already had their timed-out call: at
+//! most `REMEMBERED_TIMEOUTS` of them, the least recently used forgotten
+//! first (such a key then times out once more, which a caller must handle
+//! anyway), so a long-running service's memory stays bounded.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
+
+use moka::sync::Cache;
 
 use async_trait::async_trait;
 use sha2::{Digest, Sha256};
@@ -23,20 +28,27 @@ use sha2::{Digest, Sha256};
 use super::{simulated_decline, PaymentProcessor, PaymentRequest, ProcessorReply};
 use crate::domain::Outcome;
 
+/// Most `…09` keys remembered as having had their timed-out call.
+pub const REMEMBERED_TIMEOUTS: u64 = 100_000;
+
 pub struct SimulatedProcessor {
     latency: Duration,
     calls: AtomicU64,
     /// Keys of `…09` amounts that have had their first (timed-out) call. Only
     /// those need memory; every other answer is a pure function of the call.
-    timed_out_once: Mutex<HashSet<String>>,
+    timed_out_once: Cache<String, ()>,
 }
 
 impl SimulatedProcessor {
     pub fn new(latency: Duration) -> Self {
+        Self::with_memory(latency, REMEMBERED_TIMEOUTS)
+    }
+
+    fn with_memory(latency: Duration, remembered: u64) -> Self {
         Self {
             latency,
             calls: AtomicU64::new(0),
-            timed_out_once: Mutex::new(HashSet::new()),
+            timed_out_once: Cache::new(remembered),
         }
     }
 
@@ -51,10 +63,8 @@ impl SimulatedProcessor {
     }
 
     fn first_call_for(&self, key: &str) -> bool {
-        match self.timed_out_once.lock() {
-            Ok(mut seen) => seen.insert(key.to_owned()),
-            Err(poisoned) => poisoned.into_inner().insert(key.to_owned()),
-        }
+        let entry = self.timed_out_once.entry(key.to_owned()).or_insert(());
+        entry.is_fresh()
     }
 }
 
@@ -121,6 +131,16 @@ mod tests {
         );
         assert_eq!(code(processor.charge(&request("e", 1009)).await), "unknown");
         assert_eq!(processor.calls(), 6);
+    }
+
+    #[tokio::test]
+    async fn the_timeout_memory_stays_bounded() {
+        let processor = SimulatedProcessor::with_memory(Duration::ZERO, 100);
+        for i in 0..10_000 {
+            processor.charge(&request(&format!("k{i}"), 1009)).await;
+        }
+        processor.timed_out_once.run_pending_tasks();
+        assert!(processor.timed_out_once.entry_count() <= 100);
     }
 
     #[tokio::test]

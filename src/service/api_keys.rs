@@ -1,31 +1,56 @@
-//! API key → merchant, with a small in-process cache so a request does not
-//! cost a query to authenticate. Only successful lookups are cached, for
-//! `auth.cache_ttl_ms`: a revoked key stops working within that time. A key
-//! the database has never accepted is always asked about.
+//! API key → merchant, with in-process caches so a request does not cost a
+//! query to authenticate:
+//!
+//! - known keys for `auth.cache_ttl_ms`: a revoked key stops working within
+//!   that time;
+//! - unknown keys for `auth.unknown_key_ttl_ms` (short): a flood of requests
+//!   with one bogus key costs one query per that time, not one per request.
+//!
+//! Both are bounded (moka: concurrent, evicts by recency and frequency, no
+//! global lock), so no amount of distinct keys grows memory without bound.
 
-use std::collections::HashMap;
-use std::sync::RwLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use moka::sync::Cache;
+
+use crate::config::AuthSettings;
 use crate::db::{self, Database};
 use crate::domain::{ApiKey, MerchantId};
 
 use super::ServiceError;
 
-/// Most keys kept; past it, expired entries go, and if that is not enough the
-/// cache starts over. Merchants are few; this only bounds memory.
-const CAPACITY: usize = 10_000;
+/// Most known keys kept. Merchants are few; this only bounds memory.
+const KNOWN_CAPACITY: u64 = 10_000;
+/// Most unknown keys kept: 32-byte digests, about 5 MB at most.
+const UNKNOWN_CAPACITY: u64 = 100_000;
 
 pub struct ApiKeyCache {
+    known: Option<Cache<[u8; 32], MerchantId>>,
+    unknown: Option<Cache<[u8; 32], ()>>,
+}
+
+/// A cache of at most `capacity` entries that live `ttl`; none for a zero
+/// `ttl` (caching off).
+fn cache<V: Clone + Send + Sync + 'static>(
+    capacity: u64,
     ttl: Duration,
-    entries: RwLock<HashMap<[u8; 32], (MerchantId, Instant)>>,
+) -> Option<Cache<[u8; 32], V>> {
+    (!ttl.is_zero()).then(|| {
+        Cache::builder()
+            .max_capacity(capacity)
+            .time_to_live(ttl)
+            .build()
+    })
 }
 
 impl ApiKeyCache {
-    pub fn new(ttl: Duration) -> Self {
+    pub fn new(settings: &AuthSettings) -> Self {
         Self {
-            ttl,
-            entries: RwLock::new(HashMap::new()),
+            known: cache(KNOWN_CAPACITY, Duration::from_millis(settings.cache_ttl_ms)),
+            unknown: cache(
+                UNKNOWN_CAPACITY,
+                Duration::from_millis(settings.unknown_key_ttl_ms),
+            ),
         }
     }
 
@@ -36,70 +61,30 @@ impl ApiKeyCache {
         key: &ApiKey,
     ) -> Result<Option<MerchantId>, ServiceError> {
         let digest = key.digest();
-        if let Some(merchant) = self.get(&digest) {
+        if let Some(merchant) = self.known.as_ref().and_then(|c| c.get(&digest)) {
             return Ok(Some(merchant));
+        }
+        if self
+            .unknown
+            .as_ref()
+            .is_some_and(|c| c.contains_key(&digest))
+        {
+            return Ok(None);
         }
         let conn = db.conn().await?;
         let merchant = db::merchants::find_by_digest(&conn, &digest).await?;
-        if let Some(merchant) = merchant {
-            self.insert(digest, merchant);
-        }
-        Ok(merchant)
-    }
-
-    fn get(&self, digest: &[u8; 32]) -> Option<MerchantId> {
-        let entries = self.entries.read().unwrap_or_else(|p| p.into_inner());
-        entries
-            .get(digest)
-            .filter(|(_, stored)| stored.elapsed() < self.ttl)
-            .map(|(merchant, _)| *merchant)
-    }
-
-    fn insert(&self, digest: [u8; 32], merchant: MerchantId) {
-        if self.ttl.is_zero() {
-            return;
-        }
-        let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
-        if entries.len() >= CAPACITY {
-            entries.retain(|_, (_, stored)| stored.elapsed() < self.ttl);
-            if entries.len() >= CAPACITY {
-                entries.clear();
+        match merchant {
+            Some(merchant) => {
+                if let Some(known) = &self.known {
+                    known.insert(digest, merchant);
+                }
+            }
+            None => {
+                if let Some(unknown) = &self.unknown {
+                    unknown.insert(digest, ());
+                }
             }
         }
-        entries.insert(digest, (merchant, Instant::now()));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn entries_expire_after_the_ttl() {
-        let cache = ApiKeyCache::new(Duration::from_millis(30));
-        let merchant = MerchantId::new();
-        cache.insert([1; 32], merchant);
-        assert_eq!(cache.get(&[1; 32]), Some(merchant));
-        assert_eq!(cache.get(&[2; 32]), None);
-        std::thread::sleep(Duration::from_millis(40));
-        assert_eq!(cache.get(&[1; 32]), None);
-    }
-
-    #[test]
-    fn a_zero_ttl_disables_the_cache() {
-        let cache = ApiKeyCache::new(Duration::ZERO);
-        cache.insert([1; 32], MerchantId::new());
-        assert_eq!(cache.get(&[1; 32]), None);
-    }
-
-    #[test]
-    fn the_cache_stays_bounded() {
-        let cache = ApiKeyCache::new(Duration::from_secs(60));
-        for i in 0..=CAPACITY as u32 {
-            let mut digest = [0; 32];
-            digest[..4].copy_from_slice(&i.to_be_bytes());
-            cache.insert(digest, MerchantId::new());
-        }
-        assert!(cache.entries.read().map(|e| e.len()).unwrap_or(0) <= CAPACITY);
+        Ok(merchant)
     }
 }

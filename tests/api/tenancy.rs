@@ -101,3 +101,41 @@ async fn a_revoked_key_stops_working_within_the_cache_ttl() {
         .assert_problem(401, "unauthenticated");
     assert_eq!(app.charge_rows().await, 0);
 }
+
+/// Unknown keys are remembered briefly too: a flood of requests with one
+/// bogus key costs one lookup per `auth.unknown_key_ttl_ms`, not one each.
+/// Shown by stopping the database after the first lookup: the flood is
+/// still answered 401 at once, so it asked nothing.
+#[tokio::test]
+async fn a_flood_of_one_bogus_key_costs_one_lookup() {
+    use chargeonce_testkit::{admin_url, server_address, Proxy, ProxyMode};
+    let proxy = Proxy::start(server_address(&admin_url())).await;
+    let app = spawn_app_with(|s| {
+        s.database.url = proxy.url_for(&s.database.url);
+        s.database.query_timeout_ms = 500;
+        s.auth.unknown_key_ttl_ms = 10_000;
+    })
+    .await;
+    app.get_as("sk_not_a_real_key", "/v1/charges")
+        .await
+        .assert_problem(401, "unauthenticated");
+
+    proxy.set_mode(ProxyMode::Stall);
+    let started = Instant::now();
+    let replies = futures_util::future::join_all(
+        (0..200).map(|_| app.get_as("sk_not_a_real_key", "/v1/charges")),
+    )
+    .await;
+    for reply in &replies {
+        reply.assert_problem(401, "unauthenticated");
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    // Another bogus key still has to be asked about (and fails closed).
+    app.get_as("sk_another_unknown_key", "/v1/charges")
+        .await
+        .assert_problem(503, "service_unavailable");
+}
