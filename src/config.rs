@@ -80,6 +80,10 @@ impl fmt::Debug for DatabaseSettings {
 #[serde(deny_unknown_fields)]
 pub struct HttpSettings {
     pub max_body_bytes: usize,
+    pub max_connections: usize,
+    pub header_timeout_ms: u64,
+    pub body_timeout_ms: u64,
+    pub keep_alive_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -209,6 +213,22 @@ impl Settings {
         if self.http.max_body_bytes < 1024 {
             return Err(invalid("http.max_body_bytes", "must be at least 1024"));
         }
+        if self.http.max_connections == 0 {
+            return Err(invalid("http.max_connections", "must be at least 1"));
+        }
+        // actix-http measures the head and keep-alive deadlines against a
+        // clock it refreshes every 500 ms: shorter ones fire at random.
+        for (key, value) in [
+            ("http.header_timeout_ms", self.http.header_timeout_ms),
+            ("http.keep_alive_ms", self.http.keep_alive_ms),
+        ] {
+            if value < 1000 {
+                return Err(invalid(key, "must be at least 1000"));
+            }
+        }
+        if self.http.body_timeout_ms == 0 {
+            return Err(invalid("http.body_timeout_ms", "must be at least 1"));
+        }
         if self.idempotency.lease_ms == 0 {
             return Err(invalid("idempotency.lease_ms", "must be at least 1"));
         }
@@ -315,6 +335,20 @@ impl ProcessorSettings {
                 (1..=self.retries).map(Self::backoff).sum::<Duration>() + attempts
             }
         }
+    }
+}
+
+impl HttpSettings {
+    pub fn header_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_timeout_ms)
+    }
+
+    pub fn body_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_timeout_ms)
+    }
+
+    pub fn keep_alive(&self) -> Duration {
+        Duration::from_millis(self.keep_alive_ms)
     }
 }
 

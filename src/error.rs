@@ -2,7 +2,7 @@
 //! `application/problem+json` body (RFC 9457) with a stable `code`. 5xx
 //! bodies say nothing about internals; the cause goes to the log.
 
-use actix_web::http::{header, StatusCode};
+use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 
@@ -40,6 +40,13 @@ pub enum ApiError {
     PayloadTooLarge { limit: usize },
     #[error("the request body must be sent as application/json")]
     UnsupportedMediaType,
+    /// A request head the HTTP layer could not parse (`http::server`).
+    #[error("the request is malformed: {detail}")]
+    MalformedRequest { detail: String },
+    #[error("the request head is too large: too many header fields, or fields too long")]
+    HeaderFieldsTooLarge,
+    #[error("{detail}")]
+    RequestTimeout { detail: String },
     #[error("the database is unavailable; nothing was processed, retry later")]
     ServiceUnavailable(#[source] Cause),
     #[error("internal error")]
@@ -113,6 +120,24 @@ impl ApiError {
                 "Unsupported media type",
                 None,
             ),
+            Self::MalformedRequest { .. } => (
+                S::BAD_REQUEST,
+                "malformed_request",
+                "Malformed request",
+                None,
+            ),
+            Self::HeaderFieldsTooLarge => (
+                S::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "request_header_fields_too_large",
+                "Request header fields too large",
+                None,
+            ),
+            Self::RequestTimeout { .. } => (
+                S::REQUEST_TIMEOUT,
+                "request_timeout",
+                "Request timeout",
+                None,
+            ),
             Self::ServiceUnavailable(_) => (
                 S::SERVICE_UNAVAILABLE,
                 "service_unavailable",
@@ -136,6 +161,58 @@ impl ApiError {
 
     pub fn code(&self) -> &'static str {
         self.describe().code
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.describe().status
+    }
+
+    /// The answer: status, headers beyond `Content-Type`, and the problem
+    /// document. 5xx causes go to the log here, never into the body.
+    pub fn parts(&self) -> (StatusCode, Vec<(&'static str, String)>, String) {
+        let description = self.describe();
+        match self {
+            Self::ServiceUnavailable(cause) => {
+                tracing::warn!(cause = %error_chain(cause.as_ref()), "failing closed")
+            }
+            Self::Internal(cause) => {
+                tracing::error!(cause = %error_chain(cause.as_ref()), "internal error")
+            }
+            _ => {}
+        }
+        let mut headers = Vec::new();
+        if let Some(seconds) = description.retry_after {
+            headers.push(("retry-after", seconds.to_string()));
+        }
+        if matches!(self, Self::Unauthenticated) {
+            headers.push(("www-authenticate", "Bearer".to_owned()));
+        }
+        let errors: &[FieldError] = match self {
+            Self::InvalidRequest { errors, .. } => errors,
+            _ => &[],
+        };
+        let problem = Problem::new(
+            description.status,
+            description.code,
+            description.title,
+            self.to_string(),
+            FieldErrors { errors },
+        );
+        // Field names and messages are plain strings: rendering cannot fail.
+        // If it ever did, a problem without the field list is still honest.
+        let body = problem.to_body().unwrap_or_else(|error| {
+            tracing::error!(%error, "cannot render a problem document");
+            Problem::new(
+                description.status,
+                description.code,
+                description.title,
+                self.to_string(),
+                FieldErrors { errors: &[] },
+            )
+            .to_body()
+            .unwrap_or_default()
+        });
+        (description.status, headers, body)
     }
 }
 
@@ -203,43 +280,12 @@ impl ResponseError for ApiError {
     }
 
     fn error_response(&self) -> HttpResponse {
-        let description = self.describe();
-        match self {
-            Self::ServiceUnavailable(cause) => {
-                tracing::warn!(cause = %error_chain(cause.as_ref()), "failing closed")
-            }
-            Self::Internal(cause) => {
-                tracing::error!(cause = %error_chain(cause.as_ref()), "internal error")
-            }
-            _ => {}
-        }
-        let errors: &[FieldError] = match self {
-            Self::InvalidRequest { errors, .. } => errors,
-            _ => &[],
-        };
-        let problem = Problem::new(
-            description.status,
-            description.code,
-            description.title,
-            self.to_string(),
-            FieldErrors { errors },
-        );
-        let mut response = HttpResponse::build(description.status);
+        let (status, headers, body) = self.parts();
+        let mut response = HttpResponse::build(status);
         response.content_type(PROBLEM_JSON);
-        if let Some(seconds) = description.retry_after {
-            response.insert_header((header::RETRY_AFTER, seconds.to_string()));
+        for header in headers {
+            response.insert_header(header);
         }
-        if matches!(self, Self::Unauthenticated) {
-            response.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
-        }
-        match problem.to_body() {
-            Ok(body) => response.body(body),
-            // Field names and messages are plain strings: this cannot fail.
-            // If it ever did, an empty problem is still an honest answer.
-            Err(error) => {
-                tracing::error!(%error, "cannot render a problem document");
-                response.finish()
-            }
-        }
+        response.body(body)
     }
 }

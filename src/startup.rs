@@ -3,15 +3,15 @@
 
 use std::net::TcpListener;
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix_web::dev::{Server, ServerHandle};
-use actix_web::{web, App, HttpServer};
+use actix_web::{web, App};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{DatabaseSettings, Settings};
 use crate::db::{self, Database, DbError};
+use crate::http::server::ServerLimits;
 use crate::http::HttpLimits;
 use crate::processor::{self, PaymentProcessor};
 use crate::service::api_keys::ApiKeyCache;
@@ -34,6 +34,46 @@ pub enum StartupError {
 /// Connections of the background workers (recovery, key sweeper), apart
 /// from the request handlers' `database.pool_size`.
 pub const BACKGROUND_CONNECTIONS: usize = 4;
+
+/// Descriptors kept free beyond the HTTP connections: database connections,
+/// log and pipe files, and room for connections being refused.
+const RESERVED_DESCRIPTORS: u64 = 256;
+
+/// The per-worker connection cap: `configured`, or less if the process may
+/// not open that many files. The soft limit on open files is raised to the
+/// hard limit first (the default soft limit, often 1024, is a leftover of
+/// `select`). Half of what is left goes to held connections, so refusing
+/// the excess (which takes a descriptor for a moment) never runs out.
+fn connection_cap(configured: usize, workers: usize, pool_size: usize) -> usize {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let soft = match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(error) => {
+                tracing::warn!(%error, soft, hard, "cannot raise the open-file limit");
+                soft
+            }
+        },
+        Ok((soft, _)) => soft,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the open-file limit; keeping http.max_connections");
+            return configured;
+        }
+    };
+    let spare = soft.saturating_sub(RESERVED_DESCRIPTORS + pool_size as u64);
+    let fits = usize::try_from(spare / 2 / workers as u64)
+        .unwrap_or(usize::MAX)
+        .max(1);
+    if fits < configured {
+        tracing::info!(
+            configured,
+            per_worker = fits,
+            open_file_limit = soft,
+            "http.max_connections lowered to fit the open-file limit"
+        );
+    }
+    configured.min(fits)
+}
 
 /// The pool of one HTTP worker thread, `connections` of the
 /// `database.pool_size`. A connection's driving task runs on the thread that
@@ -98,6 +138,7 @@ impl Application {
         let api_keys = web::Data::new(ApiKeyCache::new(&settings.auth));
         let limits = web::Data::new(HttpLimits {
             max_body_bytes: settings.http.max_body_bytes,
+            body_timeout: settings.http.body_timeout(),
         });
         let charges = Charges::new(
             background_db.clone(),
@@ -115,7 +156,18 @@ impl Application {
         let (shared_db, shared_charges) = (background_db.clone(), charges.clone());
         // Runs once on each worker thread, so each worker gets a pool of its
         // own (see `worker_database`).
-        let server = HttpServer::new(move || {
+        let server_limits = ServerLimits {
+            workers,
+            max_connections: connection_cap(
+                settings.http.max_connections,
+                workers,
+                settings.database.pool_size,
+            ),
+            header_timeout: settings.http.header_timeout(),
+            keep_alive: settings.http.keep_alive(),
+            shutdown_timeout_secs: settings.server.shutdown_timeout_secs,
+        };
+        let server = http::server::serve(listener, &server_limits, move || {
             let db = worker_database(&database, worker_connections, &shared_db);
             App::new()
                 .app_data(web::Data::new(shared_charges.with_database(db.clone())))
@@ -130,10 +182,7 @@ impl Application {
                 })
                 .configure(http::configure)
         })
-        .workers(workers)
-        .shutdown_timeout(settings.server.shutdown_timeout_secs)
-        .client_request_timeout(Duration::from_secs(10));
-        let server = server.listen(listener).map_err(bind_error)?.run();
+        .map_err(bind_error)?;
 
         let stop = CancellationToken::new();
         let background = vec![

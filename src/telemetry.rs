@@ -21,6 +21,11 @@ use crate::config::LogFormat;
 
 const DEFAULT_FILTER: &str = "info,tokio_postgres=warn,refinery_core=warn";
 
+/// actix-http logs a request head it cannot parse as an ERROR; it is the
+/// client's mistake, answered with a problem document and logged at info by
+/// `http::server`. Silenced unless `RUST_LOG` names actix_http itself.
+const QUIET_DISPATCHER: &str = "actix_http::h1::dispatcher=off";
+
 /// How long a line may wait in memory before it reaches stderr.
 const FLUSH_INTERVAL: Duration = Duration::from_millis(20);
 
@@ -43,8 +48,14 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
 /// writes out what is still buffered. `None` when a subscriber was already
 /// installed (tests start several apps; the first one stays).
 pub fn init(format: LogFormat) -> Option<LogGuard> {
-    let filter =
+    let asked = std::env::var("RUST_LOG").unwrap_or_default();
+    let mut filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    if !asked.contains("actix_http") {
+        if let Ok(quiet) = QUIET_DISPATCHER.parse() {
+            filter = filter.add_directive(quiet);
+        }
+    }
     let buffer = Arc::new(Buffer::default());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -6,6 +6,7 @@ use actix_web::{web, HttpRequest};
 use futures_util::StreamExt;
 use serde_json::Value;
 
+use super::HttpLimits;
 use crate::domain::{strict_json, IdempotencyKey, KeyError};
 use crate::error::ApiError;
 
@@ -19,11 +20,12 @@ pub fn idempotency_key(request: &HttpRequest) -> Result<IdempotencyKey, ApiError
     Ok(IdempotencyKey::parse(text)?)
 }
 
-/// Reads a JSON body of at most `limit` bytes.
+/// Reads a JSON body of at most `limits.max_body_bytes` bytes, all of it
+/// within `limits.body_timeout`.
 pub async fn json(
     request: &HttpRequest,
-    mut payload: web::Payload,
-    limit: usize,
+    payload: web::Payload,
+    limits: &HttpLimits,
 ) -> Result<Value, ApiError> {
     let content_type = request
         .headers()
@@ -38,6 +40,7 @@ pub async fn json(
     if !is_json {
         return Err(ApiError::UnsupportedMediaType);
     }
+    let limit = limits.max_body_bytes;
     let declared = request
         .headers()
         .get(CONTENT_LENGTH)
@@ -46,16 +49,39 @@ pub async fn json(
     if declared.is_some_and(|length| length > limit) {
         return Err(ApiError::PayloadTooLarge { limit });
     }
+    let body = tokio::time::timeout(limits.body_timeout, read(payload, declared, limit))
+        .await
+        .map_err(|_| ApiError::RequestTimeout {
+            detail: format!(
+                "the request body did not arrive within {} ms",
+                limits.body_timeout.as_millis()
+            ),
+        })??;
+    // Strict: a member sent twice is refused, not "last one wins".
+    strict_json::parse(&body)
+        .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), vec![]))
+}
+
+async fn read(
+    mut payload: web::Payload,
+    declared: Option<usize>,
+    limit: usize,
+) -> Result<web::BytesMut, ApiError> {
     let mut body = web::BytesMut::with_capacity(declared.unwrap_or(1024).min(limit));
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk
-            .map_err(|e| ApiError::invalid(format!("the body could not be read: {e}"), vec![]))?;
+        let chunk = chunk.map_err(|error| {
+            use actix_web::error::PayloadError;
+            let why = match error {
+                PayloadError::Incomplete(_) => "it ended before all of it arrived".to_owned(),
+                PayloadError::EncodingCorrupted => "its chunked encoding is malformed".to_owned(),
+                other => other.to_string(),
+            };
+            ApiError::invalid(format!("the request body could not be read: {why}"), vec![])
+        })?;
         if body.len() + chunk.len() > limit {
             return Err(ApiError::PayloadTooLarge { limit });
         }
         body.extend_from_slice(&chunk);
     }
-    // Strict: a member sent twice is refused, not "last one wins".
-    strict_json::parse(&body)
-        .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), vec![]))
+    Ok(body)
 }

@@ -34,7 +34,7 @@ pub(crate) async fn create_for(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let key = body::idempotency_key(request)?;
-    let body = body::json(request, payload, limits.max_body_bytes).await?;
+    let body = body::json(request, payload, limits).await?;
     let new_charge = NewCharge::parse(&body)
         .map_err(|errors| ApiError::invalid("the charge request is invalid", errors))?;
     let fingerprint = RequestFingerprint::new(&new_charge.normalised(), &body);

@@ -7,6 +7,7 @@ mod body;
 mod charges;
 pub mod demo;
 mod health;
+pub mod server;
 
 use actix_web::dev::{Service, ServiceRequest};
 use actix_web::http::header::{HeaderName, HeaderValue};
@@ -18,6 +19,7 @@ pub use auth::AuthenticatedMerchant;
 #[derive(Debug, Clone)]
 pub struct HttpLimits {
     pub max_body_bytes: usize,
+    pub body_timeout: std::time::Duration,
 }
 
 use crate::error::ApiError;

@@ -6,6 +6,7 @@ mod binary;
 mod charges;
 mod client;
 mod concurrency;
+mod connections;
 mod demo;
 mod helpers;
 mod plans;
