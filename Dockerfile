@@ -10,6 +10,12 @@
 FROM rust:1.95-slim-bookworm AS build
 WORKDIR /app
 
+# jemalloc, the service's allocator, is C built with make, which the slim
+# image lacks.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends make \
+    && rm -rf /var/lib/apt/lists/*
+
 # The whole build context, minus what .dockerignore leaves out. Cargo loads
 # the entire workspace even to build one binary: every member's manifest and
 # the files of every declared target (benches included) must be present, and
