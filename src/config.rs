@@ -4,11 +4,11 @@
 //! error always names the key at fault.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use config::{Config, Environment, File, FileFormat};
+use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 const DEFAULTS: &str = include_str!("../config/default.toml");
@@ -51,29 +51,17 @@ pub struct ServerSettings {
     pub shutdown_timeout_secs: u64,
 }
 
-#[derive(Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseSettings {
-    pub url: String,
+    /// May carry a password: `Debug` prints it redacted, and code must ask
+    /// for it explicitly (`expose_secret`).
+    pub url: SecretString,
     pub pool_size: usize,
     pub connect_timeout_ms: u64,
     pub statement_timeout_ms: u64,
     pub query_timeout_ms: u64,
     pub migrate_on_start: bool,
-}
-
-// The URL may carry a password: keep it out of Debug output and logs.
-impl fmt::Debug for DatabaseSettings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DatabaseSettings")
-            .field("url", &"[redacted]")
-            .field("pool_size", &self.pool_size)
-            .field("connect_timeout_ms", &self.connect_timeout_ms)
-            .field("statement_timeout_ms", &self.statement_timeout_ms)
-            .field("query_timeout_ms", &self.query_timeout_ms)
-            .field("migrate_on_start", &self.migrate_on_start)
-            .finish()
-    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -189,7 +177,12 @@ impl Settings {
         if self.server.host.trim().is_empty() {
             return Err(invalid("server.host", "must not be empty"));
         }
-        if let Err(e) = self.database.url.parse::<tokio_postgres::Config>() {
+        if let Err(e) = self
+            .database
+            .url
+            .expose_secret()
+            .parse::<tokio_postgres::Config>()
+        {
             return Err(invalid(
                 "database.url",
                 format!("not a PostgreSQL URL: {e}"),
@@ -402,7 +395,10 @@ mod tests {
             ("DATABASE_URL", "postgres://b@localhost/two"),
         ])
         .expect("valid");
-        assert_eq!(settings.database.url, "postgres://b@localhost/two");
+        assert_eq!(
+            settings.database.url.expose_secret(),
+            "postgres://b@localhost/two"
+        );
     }
 
     #[test]

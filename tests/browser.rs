@@ -119,7 +119,7 @@ async fn migrated_database() -> TestDatabase {
     TestDatabase::migrated(&migrations, |url| async move {
         let mut settings = Settings::load_from(Path::new("/nonexistent"), &HashMap::new())
             .map_err(|e| e.to_string())?;
-        settings.database.url = url;
+        settings.database.url = url.into();
         chargeonce::db::migrate(&settings.database)
             .await
             .map(|_| ())

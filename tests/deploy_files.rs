@@ -18,6 +18,7 @@ use std::process::Command;
 use chargeonce::config::{ProcessorKind, Settings};
 use chargeonce::processor::simulator::SimulatorOptions;
 use clap::Parser;
+use secrecy::ExposeSecret;
 use serde::Deserialize;
 
 // ---------------------------------------------------------------------------
@@ -975,6 +976,7 @@ fn compose_environment_is_valid_chargeonce_configuration() {
     let url: tokio_postgres::Config = settings
         .database
         .url
+        .expose_secret()
         .parse()
         .unwrap_or_else(|e| panic!("docker-compose.yml: the database URL does not parse: {e}"));
     let hosts: Vec<String> = url

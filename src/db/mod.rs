@@ -20,6 +20,8 @@ use deadpool_postgres::{
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{NoTls, Row};
 
+use secrecy::ExposeSecret;
+
 use crate::config::DatabaseSettings;
 
 mod embedded {
@@ -106,7 +108,8 @@ impl DbError {
 }
 
 fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, DbError> {
-    let mut config: tokio_postgres::Config = settings.url.parse().map_err(DbError::Url)?;
+    let mut config: tokio_postgres::Config =
+        settings.url.expose_secret().parse().map_err(DbError::Url)?;
     let statement_timeout = format!("-c statement_timeout={}", settings.statement_timeout_ms);
     let options = match config.get_options() {
         Some(existing) if !existing.is_empty() => format!("{existing} {statement_timeout}"),

@@ -2,12 +2,14 @@
 //! the database keeps only its SHA-256 digest. Secrets carry 192 random bits,
 //! so a fast digest is safe: there is no dictionary to try.
 
-use std::fmt;
-
 use rand::RngCore;
+use secrecy::{ExposeSecret, SecretString};
 use sha2::{Digest, Sha256};
 
-pub struct ApiKey(String);
+/// A secret key. `Debug` prints it redacted; reading it takes an explicit
+/// `expose_secret`.
+#[derive(Debug)]
+pub struct ApiKey(SecretString);
 
 impl ApiKey {
     pub const PREFIX: &'static str = "sk_";
@@ -15,25 +17,19 @@ impl ApiKey {
     pub fn generate() -> Self {
         let mut bytes = [0u8; 24];
         rand::rngs::OsRng.fill_bytes(&mut bytes);
-        Self(format!("{}{}", Self::PREFIX, hex::encode(bytes)))
+        Self(format!("{}{}", Self::PREFIX, hex::encode(bytes)).into())
     }
 
     pub fn from_secret(secret: &str) -> Self {
-        Self(secret.to_owned())
+        Self(secret.into())
     }
 
     pub fn expose_secret(&self) -> &str {
-        &self.0
+        self.0.expose_secret()
     }
 
     pub fn digest(&self) -> [u8; 32] {
-        Sha256::digest(self.0.as_bytes()).into()
-    }
-}
-
-impl fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ApiKey([redacted])")
+        Sha256::digest(self.expose_secret().as_bytes()).into()
     }
 }
 

@@ -34,7 +34,7 @@ pub async fn migrated_database() -> TestDatabase {
 pub fn test_settings(database_url: &str) -> Settings {
     let mut settings =
         Settings::load_from(Path::new("/nonexistent"), &HashMap::new()).expect("default settings");
-    settings.database.url = database_url.to_owned();
+    settings.database.url = database_url.into();
     settings.server.host = "127.0.0.1".to_owned();
     settings.server.port = 0;
     settings.server.workers = 2;

@@ -75,9 +75,11 @@ async fn replay_p50(app: &crate::helpers::TestApp, keys: &[String]) -> Duration 
 /// ANALYZE. Here the service prepares its statements while the table is
 /// small, 50,000 charges arrive (inserted in bulk, as the rows the service
 /// writes, so the test does not spend a minute creating them one by one),
-/// and replays must stay as fast as they were, with no ANALYZE: under 2 ms
-/// more than on the small table (this is a debug build; the release build's
-/// replays take a fraction of a millisecond).
+/// and replays must stay as fast as they were, with no ANALYZE: a median
+/// within 2 ms of the small table's, or at most three times it when the
+/// machine is so busy that 2 ms is noise (this is a debug build; the release
+/// build's replays take a fraction of a millisecond). Through the listing
+/// index the median was 30 times the small table's.
 #[tokio::test]
 async fn replays_stay_fast_without_analyze_as_the_table_grows() {
     let app = spawn_app_with(|s| {
@@ -119,7 +121,7 @@ async fn replays_stay_fast_without_analyze_as_the_table_grows() {
 
     let large = replay_p50(&app, &keys).await;
     assert!(
-        large < small + Duration::from_millis(2),
+        large < (small + Duration::from_millis(2)).max(small * 3),
         "replay p50 {small:?} at 10 charges, {large:?} at 50,010"
     );
 }

@@ -1,5 +1,6 @@
 //! Every resource belongs to one merchant; keys are scoped per merchant.
 
+use secrecy::ExposeSecret;
 use std::time::{Duration, Instant};
 
 use crate::helpers::{charge_body, spawn_app, spawn_app_with};
@@ -111,7 +112,7 @@ async fn a_flood_of_one_bogus_key_costs_one_lookup() {
     use chargeonce_testkit::{admin_url, server_address, Proxy, ProxyMode};
     let proxy = Proxy::start(server_address(&admin_url())).await;
     let app = spawn_app_with(|s| {
-        s.database.url = proxy.url_for(&s.database.url);
+        s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
         s.database.query_timeout_ms = 500;
         s.auth.unknown_key_ttl_ms = 10_000;
     })
@@ -121,7 +122,8 @@ async fn a_flood_of_one_bogus_key_costs_one_lookup() {
         .assert_problem(401, "unauthenticated");
 
     proxy.set_mode(ProxyMode::Stall);
-    let started = Instant::now();
+    // A lookup now would wait for the deadline and answer 503: every 401
+    // below was answered from memory.
     let replies = futures_util::future::join_all(
         (0..200).map(|_| app.get_as("sk_not_a_real_key", "/v1/charges")),
     )
@@ -129,11 +131,6 @@ async fn a_flood_of_one_bogus_key_costs_one_lookup() {
     for reply in &replies {
         reply.assert_problem(401, "unauthenticated");
     }
-    assert!(
-        started.elapsed() < Duration::from_millis(500),
-        "{:?}",
-        started.elapsed()
-    );
     // Another bogus key still has to be asked about (and fails closed).
     app.get_as("sk_another_unknown_key", "/v1/charges")
         .await

@@ -1,6 +1,7 @@
 //! PostgreSQL unreachable: fail closed, quickly, with 503 + Retry-After; never
 //! treat a key as new without asking the database, never call the processor.
 
+use secrecy::ExposeSecret;
 use std::time::{Duration, Instant};
 
 use chargeonce_testkit::{admin_url, server_address, Proxy, ProxyMode};
@@ -11,7 +12,7 @@ use crate::helpers::{charge_body, spawn_app_with};
 async fn an_unreachable_database_gives_503_quickly_and_charges_nothing() {
     let proxy = Proxy::start(server_address(&admin_url())).await;
     let app = spawn_app_with(|s| {
-        s.database.url = proxy.url_for(&s.database.url);
+        s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
         s.database.connect_timeout_ms = 500;
     })
     .await;
@@ -54,7 +55,7 @@ async fn a_partition_is_answered_within_the_deadline_and_heals_quickly() {
     const QUERY_TIMEOUT_MS: u64 = 1000;
     let proxy = Proxy::start(server_address(&admin_url())).await;
     let app = spawn_app_with(|s| {
-        s.database.url = proxy.url_for(&s.database.url);
+        s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
         s.database.pool_size = 4;
         s.database.connect_timeout_ms = 500;
         s.database.query_timeout_ms = QUERY_TIMEOUT_MS;
@@ -163,7 +164,7 @@ async fn charge_in_background(
 async fn an_outcome_is_recorded_once_the_database_is_back_never_503() {
     let proxy = Proxy::start(server_address(&admin_url())).await;
     let app = spawn_app_with(|s| {
-        s.database.url = proxy.url_for(&s.database.url);
+        s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
         s.database.connect_timeout_ms = 300;
         s.database.query_timeout_ms = 500;
         s.processor.latency_ms = 1000;
@@ -199,7 +200,7 @@ async fn an_outcome_is_recorded_once_the_database_is_back_never_503() {
 async fn an_outcome_that_cannot_be_recorded_within_the_lease_is_202_pending() {
     let proxy = Proxy::start(server_address(&admin_url())).await;
     let app = spawn_app_with(|s| {
-        s.database.url = proxy.url_for(&s.database.url);
+        s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
         s.database.connect_timeout_ms = 300;
         s.database.query_timeout_ms = 500;
         s.processor.latency_ms = 1000;
@@ -240,7 +241,7 @@ async fn an_outcome_that_cannot_be_recorded_within_the_lease_is_202_pending() {
 async fn an_insert_whose_commit_was_unconfirmed_is_undone_so_503_stays_true() {
     let proxy = Proxy::start(server_address(&admin_url())).await;
     let app = spawn_app_with(|s| {
-        s.database.url = proxy.url_for(&s.database.url);
+        s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
         s.server.workers = 1;
         s.database.pool_size = 1;
         s.database.connect_timeout_ms = 300;
