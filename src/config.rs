@@ -10,6 +10,7 @@ use std::time::Duration;
 use config::{Config, Environment, File, FileFormat};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
+use serde_with::{serde_as, DurationMilliSeconds, DurationSeconds};
 
 const DEFAULTS: &str = include_str!("../config/default.toml");
 
@@ -35,22 +36,34 @@ pub struct Settings {
     pub demo: DemoSettings,
 }
 
+// Durations are `Duration`s in the code; in the files and variables they
+// keep their documented names and units (`lease_ms = 30000`).
+
+#[serde_as]
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthSettings {
-    pub cache_ttl_ms: u64,
-    pub unknown_key_ttl_ms: u64,
+    #[serde(rename = "cache_ttl_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub cache_ttl: Duration,
+    #[serde(rename = "unknown_key_ttl_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub unknown_key_ttl: Duration,
 }
 
+#[serde_as]
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerSettings {
     pub host: String,
     pub port: u16,
     pub workers: usize,
-    pub shutdown_timeout_secs: u64,
+    #[serde(rename = "shutdown_timeout_secs")]
+    #[serde_as(as = "DurationSeconds<u64>")]
+    pub shutdown_timeout: Duration,
 }
 
+#[serde_as]
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseSettings {
@@ -58,29 +71,49 @@ pub struct DatabaseSettings {
     /// for it explicitly (`expose_secret`).
     pub url: SecretString,
     pub pool_size: usize,
-    pub connect_timeout_ms: u64,
-    pub statement_timeout_ms: u64,
-    pub query_timeout_ms: u64,
+    #[serde(rename = "connect_timeout_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub connect_timeout: Duration,
+    #[serde(rename = "statement_timeout_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub statement_timeout: Duration,
+    #[serde(rename = "query_timeout_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub query_timeout: Duration,
     pub migrate_on_start: bool,
 }
 
+#[serde_as]
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpSettings {
     pub max_body_bytes: usize,
     pub max_connections: usize,
-    pub header_timeout_ms: u64,
-    pub body_timeout_ms: u64,
-    pub keep_alive_ms: u64,
+    #[serde(rename = "header_timeout_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub header_timeout: Duration,
+    #[serde(rename = "body_timeout_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub body_timeout: Duration,
+    #[serde(rename = "keep_alive_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub keep_alive: Duration,
 }
 
+#[serde_as]
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IdempotencySettings {
-    pub lease_ms: u64,
-    pub in_flight_wait_ms: u64,
+    #[serde(rename = "lease_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub lease: Duration,
+    #[serde(rename = "in_flight_wait_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub in_flight_wait: Duration,
     pub retention_hours: u64,
-    pub sweep_interval_ms: u64,
+    #[serde(rename = "sweep_interval_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub sweep_interval: Duration,
     pub sweep_batch_size: i64,
 }
 
@@ -91,22 +124,32 @@ pub enum ProcessorKind {
     Http,
 }
 
+#[serde_as]
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessorSettings {
     pub kind: ProcessorKind,
-    pub latency_ms: u64,
+    #[serde(rename = "latency_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub latency: Duration,
     pub url: String,
-    pub timeout_ms: u64,
+    #[serde(rename = "timeout_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub timeout: Duration,
     pub retries: u32,
 }
 
+#[serde_as]
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RecoverySettings {
-    pub interval_ms: u64,
+    #[serde(rename = "interval_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub interval: Duration,
     pub batch_size: i64,
-    pub max_backoff_ms: u64,
+    #[serde(rename = "max_backoff_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub max_backoff: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -166,7 +209,10 @@ impl Settings {
         Ok(settings)
     }
 
-    /// Rules the types alone do not express.
+    /// Rules the types alone do not express. Bounds are a table, one line
+    /// per key, so each message names its key and says what is allowed.
+    /// (A validation derive such as garde cannot bound a `Duration` by a
+    /// literal, and its messages say only what is wrong, not what is right.)
     pub fn validate(&self) -> Result<(), SettingsError> {
         fn invalid(key: &'static str, message: impl Into<String>) -> SettingsError {
             SettingsError::Invalid {
@@ -174,56 +220,153 @@ impl Settings {
                 message: message.into(),
             }
         }
+        const MS: u128 = 1;
+        const HOUR_MS: u128 = 3_600_000;
+        let (db, http, keys, recovery) = (
+            &self.database,
+            &self.http,
+            &self.idempotency,
+            &self.recovery,
+        );
+        // (key, value, least, most): whole numbers, durations in milliseconds.
+        let bounds: [(&'static str, u128, u128, u128); 20] = [
+            ("database.pool_size", db.pool_size as u128, 1, 1000),
+            (
+                "database.connect_timeout_ms",
+                db.connect_timeout.as_millis(),
+                MS,
+                u128::MAX,
+            ),
+            (
+                "database.statement_timeout_ms",
+                db.statement_timeout.as_millis(),
+                MS,
+                u128::MAX,
+            ),
+            (
+                "database.query_timeout_ms",
+                db.query_timeout.as_millis(),
+                MS,
+                u128::MAX,
+            ),
+            (
+                "http.max_body_bytes",
+                http.max_body_bytes as u128,
+                1024,
+                u128::MAX,
+            ),
+            (
+                "http.max_connections",
+                http.max_connections as u128,
+                1,
+                u128::MAX,
+            ),
+            // actix-http measures these two against a clock it refreshes
+            // every 500 ms: shorter deadlines fire at random.
+            (
+                "http.header_timeout_ms",
+                http.header_timeout.as_millis(),
+                1000,
+                u128::MAX,
+            ),
+            (
+                "http.keep_alive_ms",
+                http.keep_alive.as_millis(),
+                1000,
+                u128::MAX,
+            ),
+            (
+                "http.body_timeout_ms",
+                http.body_timeout.as_millis(),
+                MS,
+                u128::MAX,
+            ),
+            (
+                "idempotency.lease_ms",
+                keys.lease.as_millis(),
+                MS,
+                u128::MAX,
+            ),
+            (
+                "idempotency.in_flight_wait_ms",
+                keys.in_flight_wait.as_millis(),
+                0,
+                10_000,
+            ),
+            (
+                "idempotency.retention_hours",
+                u128::from(keys.retention_hours),
+                1,
+                u128::MAX,
+            ),
+            (
+                "idempotency.sweep_interval_ms",
+                keys.sweep_interval.as_millis(),
+                MS,
+                u128::MAX,
+            ),
+            (
+                "idempotency.sweep_batch_size",
+                keys.sweep_batch_size.max(0) as u128,
+                1,
+                u128::MAX,
+            ),
+            (
+                "recovery.interval_ms",
+                recovery.interval.as_millis(),
+                MS,
+                u128::MAX,
+            ),
+            (
+                "recovery.max_backoff_ms",
+                recovery.max_backoff.as_millis(),
+                MS,
+                u128::MAX,
+            ),
+            (
+                "recovery.batch_size",
+                recovery.batch_size.max(0) as u128,
+                1,
+                10_000,
+            ),
+            (
+                "auth.cache_ttl_ms",
+                self.auth.cache_ttl.as_millis(),
+                0,
+                HOUR_MS,
+            ),
+            (
+                "auth.unknown_key_ttl_ms",
+                self.auth.unknown_key_ttl.as_millis(),
+                0,
+                60_000,
+            ),
+            (
+                "processor.retries",
+                u128::from(self.processor.retries),
+                0,
+                10,
+            ),
+        ];
+        for (key, value, least, most) in bounds {
+            let message = match (least, most) {
+                (_, u128::MAX) if value < least => format!("must be at least {least}"),
+                (0, _) if value > most => format!("must be at most {most}"),
+                _ if !(least..=most).contains(&value) => {
+                    format!("must be between {least} and {most}")
+                }
+                _ => continue,
+            };
+            return Err(invalid(key, message));
+        }
         if self.server.host.trim().is_empty() {
             return Err(invalid("server.host", "must not be empty"));
         }
-        if let Err(e) = self
-            .database
-            .url
-            .expose_secret()
-            .parse::<tokio_postgres::Config>()
-        {
+        if let Err(e) = db.url.expose_secret().parse::<tokio_postgres::Config>() {
             return Err(invalid(
                 "database.url",
                 format!("not a PostgreSQL URL: {e}"),
             ));
-        }
-        if !(1..=1000).contains(&self.database.pool_size) {
-            return Err(invalid("database.pool_size", "must be between 1 and 1000"));
-        }
-        if self.database.connect_timeout_ms == 0 {
-            return Err(invalid("database.connect_timeout_ms", "must be at least 1"));
-        }
-        if self.database.query_timeout_ms == 0 {
-            return Err(invalid("database.query_timeout_ms", "must be at least 1"));
-        }
-        if self.database.statement_timeout_ms == 0 {
-            return Err(invalid(
-                "database.statement_timeout_ms",
-                "must be at least 1",
-            ));
-        }
-        if self.http.max_body_bytes < 1024 {
-            return Err(invalid("http.max_body_bytes", "must be at least 1024"));
-        }
-        if self.http.max_connections == 0 {
-            return Err(invalid("http.max_connections", "must be at least 1"));
-        }
-        // actix-http measures the head and keep-alive deadlines against a
-        // clock it refreshes every 500 ms: shorter ones fire at random.
-        for (key, value) in [
-            ("http.header_timeout_ms", self.http.header_timeout_ms),
-            ("http.keep_alive_ms", self.http.keep_alive_ms),
-        ] {
-            if value < 1000 {
-                return Err(invalid(key, "must be at least 1000"));
-            }
-        }
-        if self.http.body_timeout_ms == 0 {
-            return Err(invalid("http.body_timeout_ms", "must be at least 1"));
-        }
-        if self.idempotency.lease_ms == 0 {
-            return Err(invalid("idempotency.lease_ms", "must be at least 1"));
         }
         if self.processor.kind == ProcessorKind::Http {
             let url = self.processor.url.as_str();
@@ -233,14 +376,11 @@ impl Settings {
                     "must be an http:// or https:// URL",
                 ));
             }
-            if self.processor.timeout_ms == 0 {
+            if self.processor.timeout.is_zero() {
                 return Err(invalid("processor.timeout_ms", "must be at least 1"));
             }
-            if self.processor.retries > 10 {
-                return Err(invalid("processor.retries", "must be at most 10"));
-            }
         }
-        if self.idempotency.lease() <= self.processor.longest_call() {
+        if keys.lease <= self.processor.longest_call() {
             return Err(invalid(
                 "idempotency.lease_ms",
                 format!(
@@ -250,70 +390,11 @@ impl Settings {
                 ),
             ));
         }
-        if self.recovery.interval_ms == 0 {
-            return Err(invalid("recovery.interval_ms", "must be at least 1"));
-        }
-        if self.recovery.max_backoff_ms == 0 {
-            return Err(invalid("recovery.max_backoff_ms", "must be at least 1"));
-        }
-        if !(1..=10_000).contains(&self.recovery.batch_size) {
-            return Err(invalid(
-                "recovery.batch_size",
-                "must be between 1 and 10000",
-            ));
-        }
-        if self.idempotency.in_flight_wait_ms > 10_000 {
-            return Err(invalid(
-                "idempotency.in_flight_wait_ms",
-                "must be at most 10000",
-            ));
-        }
-        if self.auth.unknown_key_ttl_ms > 60_000 {
-            return Err(invalid(
-                "auth.unknown_key_ttl_ms",
-                "must be at most 60000 (one minute)",
-            ));
-        }
-        if self.auth.cache_ttl_ms > 3_600_000 {
-            return Err(invalid(
-                "auth.cache_ttl_ms",
-                "must be at most 3600000 (one hour)",
-            ));
-        }
-        if self.idempotency.retention_hours == 0 {
-            return Err(invalid("idempotency.retention_hours", "must be at least 1"));
-        }
-        if self.idempotency.sweep_interval_ms == 0 {
-            return Err(invalid(
-                "idempotency.sweep_interval_ms",
-                "must be at least 1",
-            ));
-        }
-        if self.idempotency.sweep_batch_size < 1 {
-            return Err(invalid(
-                "idempotency.sweep_batch_size",
-                "must be at least 1",
-            ));
-        }
         Ok(())
     }
 }
 
-impl DatabaseSettings {
-    pub fn connect_timeout(&self) -> Duration {
-        Duration::from_millis(self.connect_timeout_ms)
-    }
-
-    pub fn query_timeout(&self) -> Duration {
-        Duration::from_millis(self.query_timeout_ms)
-    }
-}
-
 impl ProcessorSettings {
-    pub fn timeout(&self) -> Duration {
-        Duration::from_millis(self.timeout_ms)
-    }
-
     /// Pause before retry number `attempt` (1-based) of one processor call.
     pub fn backoff(attempt: u32) -> Duration {
         Duration::from_millis(50 << attempt.min(6))
@@ -322,34 +403,16 @@ impl ProcessorSettings {
     /// The longest one charge's processor call can take, retries included.
     pub fn longest_call(&self) -> Duration {
         match self.kind {
-            ProcessorKind::Simulated => Duration::from_millis(self.latency_ms),
+            ProcessorKind::Simulated => self.latency,
             ProcessorKind::Http => {
-                let attempts = self.timeout() * (self.retries + 1);
+                let attempts = self.timeout * (self.retries + 1);
                 (1..=self.retries).map(Self::backoff).sum::<Duration>() + attempts
             }
         }
     }
 }
 
-impl HttpSettings {
-    pub fn header_timeout(&self) -> Duration {
-        Duration::from_millis(self.header_timeout_ms)
-    }
-
-    pub fn body_timeout(&self) -> Duration {
-        Duration::from_millis(self.body_timeout_ms)
-    }
-
-    pub fn keep_alive(&self) -> Duration {
-        Duration::from_millis(self.keep_alive_ms)
-    }
-}
-
 impl IdempotencySettings {
-    pub fn lease(&self) -> Duration {
-        Duration::from_millis(self.lease_ms)
-    }
-
     pub fn retention(&self) -> Duration {
         Duration::from_secs(self.retention_hours * 3600)
     }
@@ -385,7 +448,7 @@ mod tests {
         .expect("valid");
         assert_eq!(settings.server.port, 9001);
         assert_eq!(settings.database.pool_size, 3);
-        assert_eq!(settings.processor.latency_ms, 25);
+        assert_eq!(settings.processor.latency, Duration::from_millis(25));
     }
 
     #[test]

@@ -138,7 +138,7 @@ impl Application {
         let api_keys = web::Data::new(ApiKeyCache::new(&settings.auth));
         let limits = web::Data::new(HttpLimits {
             max_body_bytes: settings.http.max_body_bytes,
-            body_timeout: settings.http.body_timeout(),
+            body_timeout: settings.http.body_timeout,
         });
         let charges = Charges::new(
             background_db.clone(),
@@ -163,9 +163,9 @@ impl Application {
                 workers,
                 settings.database.pool_size,
             ),
-            header_timeout: settings.http.header_timeout(),
-            keep_alive: settings.http.keep_alive(),
-            shutdown_timeout_secs: settings.server.shutdown_timeout_secs,
+            header_timeout: settings.http.header_timeout,
+            keep_alive: settings.http.keep_alive,
+            shutdown_timeout_secs: settings.server.shutdown_timeout.as_secs(),
         };
         let server = http::server::serve(listener, &server_limits, move || {
             let db = worker_database(&database, worker_connections, &shared_db);

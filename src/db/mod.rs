@@ -110,7 +110,10 @@ impl DbError {
 fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, DbError> {
     let mut config: tokio_postgres::Config =
         settings.url.expose_secret().parse().map_err(DbError::Url)?;
-    let statement_timeout = format!("-c statement_timeout={}", settings.statement_timeout_ms);
+    let statement_timeout = format!(
+        "-c statement_timeout={}",
+        settings.statement_timeout.as_millis()
+    );
     let options = match config.get_options() {
         Some(existing) if !existing.is_empty() => format!("{existing} {statement_timeout}"),
         _ => statement_timeout,
@@ -122,11 +125,11 @@ fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, DbEr
     // statement deadline in `Conn`.
     config
         .options(&options)
-        .connect_timeout(settings.connect_timeout())
+        .connect_timeout(settings.connect_timeout)
         .keepalives_idle(Duration::from_secs(10))
         .keepalives_interval(Duration::from_secs(5))
         .keepalives_retries(3)
-        .tcp_user_timeout(settings.query_timeout());
+        .tcp_user_timeout(settings.query_timeout);
     if config.get_application_name().is_none() {
         config.application_name("chargeonce");
     }
@@ -157,7 +160,7 @@ impl Database {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
-        let timeout = Some(settings.connect_timeout());
+        let timeout = Some(settings.connect_timeout);
         let pool = Pool::builder(manager)
             .max_size(max_size)
             // The connection used last is used next: at low load a request
@@ -174,7 +177,7 @@ impl Database {
             .map_err(|e| DbError::Build(e.to_string()))?;
         Ok(Self {
             pool,
-            query_timeout: settings.query_timeout(),
+            query_timeout: settings.query_timeout,
         })
     }
 
@@ -315,9 +318,9 @@ impl Drop for Conn {
 pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, DbError> {
     let config = pg_config(settings)?;
     let connect = config.connect(NoTls);
-    let (mut client, connection) = tokio::time::timeout(settings.connect_timeout(), connect)
+    let (mut client, connection) = tokio::time::timeout(settings.connect_timeout, connect)
         .await
-        .map_err(|_| DbError::Timeout(settings.connect_timeout()))?
+        .map_err(|_| DbError::Timeout(settings.connect_timeout))?
         .map_err(DbError::Connect)?;
     let connection = tokio::spawn(connection);
     client

@@ -62,7 +62,7 @@ fn quote(bytes: &[u8]) -> String {
 
 impl HttpProcessor {
     pub fn new(settings: &ProcessorSettings) -> Result<Self, reqwest::Error> {
-        let timeout = settings.timeout();
+        let timeout = settings.timeout;
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout.min(std::time::Duration::from_secs(2)))

@@ -66,9 +66,7 @@ pub fn from_settings(
     settings: &ProcessorSettings,
 ) -> Result<Arc<dyn PaymentProcessor>, reqwest::Error> {
     Ok(match settings.kind {
-        ProcessorKind::Simulated => Arc::new(SimulatedProcessor::new(
-            std::time::Duration::from_millis(settings.latency_ms),
-        )),
+        ProcessorKind::Simulated => Arc::new(SimulatedProcessor::new(settings.latency)),
         ProcessorKind::Http => Arc::new(HttpProcessor::new(settings)?),
     })
 }

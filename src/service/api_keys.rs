@@ -46,11 +46,8 @@ fn cache<V: Clone + Send + Sync + 'static>(
 impl ApiKeyCache {
     pub fn new(settings: &AuthSettings) -> Self {
         Self {
-            known: cache(KNOWN_CAPACITY, Duration::from_millis(settings.cache_ttl_ms)),
-            unknown: cache(
-                UNKNOWN_CAPACITY,
-                Duration::from_millis(settings.unknown_key_ttl_ms),
-            ),
+            known: cache(KNOWN_CAPACITY, settings.cache_ttl),
+            unknown: cache(UNKNOWN_CAPACITY, settings.unknown_key_ttl),
         }
     }
 

@@ -95,10 +95,10 @@ impl Charges {
         Self {
             db,
             processor,
-            lease: idempotency.lease(),
-            in_flight_wait: Duration::from_millis(idempotency.in_flight_wait_ms),
-            retry_base: Duration::from_millis(recovery.interval_ms),
-            retry_cap: Duration::from_millis(recovery.max_backoff_ms),
+            lease: idempotency.lease,
+            in_flight_wait: idempotency.in_flight_wait,
+            retry_base: recovery.interval,
+            retry_cap: recovery.max_backoff,
         }
     }
 

@@ -4,8 +4,6 @@
 //! same downstream key. So every accepted charge reaches a final state
 //! without any help from the client.
 
-use std::time::Duration;
-
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RecoverySettings;
@@ -13,7 +11,7 @@ use crate::service::charges::Charges;
 use crate::telemetry::error_chain;
 
 pub async fn run(charges: Charges, settings: RecoverySettings, stop: CancellationToken) {
-    let interval = Duration::from_millis(settings.interval_ms);
+    let interval = settings.interval;
     loop {
         tokio::select! {
             () = stop.cancelled() => return,

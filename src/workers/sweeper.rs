@@ -3,8 +3,6 @@
 //! stays small and a key may be used again after the retention window. The
 //! charges themselves stay.
 
-use std::time::Duration;
-
 use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
@@ -18,7 +16,7 @@ use crate::telemetry::error_chain;
 const MAX_BATCHES_PER_ROUND: usize = 100;
 
 pub async fn run(db: Database, settings: IdempotencySettings, stop: CancellationToken) {
-    let interval = Duration::from_millis(settings.sweep_interval_ms);
+    let interval = settings.sweep_interval;
     loop {
         tokio::select! {
             () = stop.cancelled() => return,

@@ -205,8 +205,8 @@ async fn start_in_background(
 #[tokio::test]
 async fn a_concurrent_duplicate_waits_for_the_first_and_gets_its_answer() {
     let app = spawn_app_with(|s| {
-        s.processor.latency_ms = 300;
-        s.idempotency.in_flight_wait_ms = 3000;
+        s.processor.latency = Duration::from_millis(300);
+        s.idempotency.in_flight_wait = Duration::from_millis(3000);
     })
     .await;
     let first = start_in_background(&app, "double-click").await;
@@ -224,8 +224,8 @@ async fn a_concurrent_duplicate_waits_for_the_first_and_gets_its_answer() {
 #[tokio::test]
 async fn a_key_still_in_flight_after_the_wait_gets_409_with_retry_after() {
     let app = spawn_app_with(|s| {
-        s.processor.latency_ms = 1500;
-        s.idempotency.in_flight_wait_ms = 100;
+        s.processor.latency = Duration::from_millis(1500);
+        s.idempotency.in_flight_wait = Duration::from_millis(100);
     })
     .await;
     let first = start_in_background(&app, "busy").await;

@@ -1,5 +1,7 @@
 //! Races: the unique index must decide, whatever the timing.
 
+use std::time::Duration;
+
 use futures_util::future::join_all;
 
 use crate::helpers::{charge_body, spawn_app, spawn_app_with};
@@ -9,9 +11,9 @@ async fn fifty_concurrent_requests_with_one_key_make_one_charge() {
     // A little processor latency keeps the first request in flight while the
     // others arrive: they wait for it and answer with its result.
     let app = spawn_app_with(|s| {
-        s.processor.latency_ms = 50;
+        s.processor.latency = Duration::from_millis(50);
         s.database.pool_size = 20;
-        s.idempotency.in_flight_wait_ms = 5000;
+        s.idempotency.in_flight_wait = Duration::from_millis(5000);
     })
     .await;
     let body = charge_body(4200);
@@ -62,7 +64,7 @@ async fn worker_pools_share_the_configured_pool_size() {
     let app = spawn_app_with(|s| {
         s.server.workers = 2;
         s.database.pool_size = POOL_SIZE;
-        s.processor.latency_ms = 5;
+        s.processor.latency = Duration::from_millis(5);
     })
     .await;
     let backends = "SELECT count(*) FROM pg_stat_activity \

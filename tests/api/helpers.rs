@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use chargeonce::config::{ProcessorKind, Settings};
 use chargeonce::db::Database;
@@ -102,9 +101,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     adjust(&mut settings);
     // The simulated processor is built here so tests can count its calls;
     // other kinds come from the settings as in production.
-    let processor = Arc::new(SimulatedProcessor::new(Duration::from_millis(
-        settings.processor.latency_ms,
-    )));
+    let processor = Arc::new(SimulatedProcessor::new(settings.processor.latency));
     let chosen: Arc<dyn PaymentProcessor> = match settings.processor.kind {
         ProcessorKind::Simulated => processor.clone(),
         _ => chargeonce::processor::from_settings(&settings.processor).expect("processor"),

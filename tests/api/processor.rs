@@ -15,11 +15,11 @@ async fn app_on(stub: &ProcessorStub, interval_ms: u64, max_backoff_ms: u64) -> 
     spawn_app_with(move |s| {
         s.processor.kind = chargeonce::config::ProcessorKind::Http;
         s.processor.url = url;
-        s.processor.timeout_ms = 300;
+        s.processor.timeout = Duration::from_millis(300);
         s.processor.retries = 0;
-        s.idempotency.lease_ms = 1000;
-        s.recovery.interval_ms = interval_ms;
-        s.recovery.max_backoff_ms = max_backoff_ms;
+        s.idempotency.lease = Duration::from_millis(1000);
+        s.recovery.interval = Duration::from_millis(interval_ms);
+        s.recovery.max_backoff = Duration::from_millis(max_backoff_ms);
     })
     .await
 }

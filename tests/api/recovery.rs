@@ -231,10 +231,10 @@ async fn under_injected_faults_every_logical_charge_is_made_once() {
     let app = spawn_app_with(|s| {
         s.processor.kind = chargeonce::config::ProcessorKind::Http;
         s.processor.url = psp.url.clone();
-        s.processor.timeout_ms = 250;
+        s.processor.timeout = Duration::from_millis(250);
         s.processor.retries = 2;
-        s.idempotency.lease_ms = 1500;
-        s.recovery.interval_ms = 200;
+        s.idempotency.lease = Duration::from_millis(1500);
+        s.recovery.interval = Duration::from_millis(200);
     })
     .await;
     let http = reqwest::Client::new();

@@ -9,7 +9,7 @@ use crate::helpers::{charge_body, spawn_app_with};
 
 #[tokio::test]
 async fn the_sweeper_releases_only_expired_keys() {
-    let app = spawn_app_with(|s| s.idempotency.sweep_interval_ms = 100).await;
+    let app = spawn_app_with(|s| s.idempotency.sweep_interval = Duration::from_millis(100)).await;
     let recent = app.post_charge("recent", &charge_body(300)).await;
     assert_eq!(recent.status, 201);
 

@@ -77,7 +77,7 @@ async fn a_missing_or_wrong_api_key_is_401_and_writes_nothing() {
 
 #[tokio::test]
 async fn a_revoked_key_stops_working_within_the_cache_ttl() {
-    let app = spawn_app_with(|s| s.auth.cache_ttl_ms = 300).await;
+    let app = spawn_app_with(|s| s.auth.cache_ttl = Duration::from_millis(300)).await;
     assert_eq!(app.get("/v1/charges").await.status, 200);
     app.sql()
         .await
@@ -113,8 +113,8 @@ async fn a_flood_of_one_bogus_key_costs_one_lookup() {
     let proxy = Proxy::start(server_address(&admin_url())).await;
     let app = spawn_app_with(|s| {
         s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
-        s.database.query_timeout_ms = 500;
-        s.auth.unknown_key_ttl_ms = 10_000;
+        s.database.query_timeout = Duration::from_millis(500);
+        s.auth.unknown_key_ttl = Duration::from_millis(10_000);
     })
     .await;
     app.get_as("sk_not_a_real_key", "/v1/charges")

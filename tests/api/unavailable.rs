@@ -13,7 +13,7 @@ async fn an_unreachable_database_gives_503_quickly_and_charges_nothing() {
     let proxy = Proxy::start(server_address(&admin_url())).await;
     let app = spawn_app_with(|s| {
         s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
-        s.database.connect_timeout_ms = 500;
+        s.database.connect_timeout = Duration::from_millis(500);
     })
     .await;
     let before = app.post_charge("before", &charge_body(100)).await;
@@ -57,8 +57,8 @@ async fn a_partition_is_answered_within_the_deadline_and_heals_quickly() {
     let app = spawn_app_with(|s| {
         s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
         s.database.pool_size = 4;
-        s.database.connect_timeout_ms = 500;
-        s.database.query_timeout_ms = QUERY_TIMEOUT_MS;
+        s.database.connect_timeout = Duration::from_millis(500);
+        s.database.query_timeout = Duration::from_millis(QUERY_TIMEOUT_MS);
     })
     .await;
     let created = app.post_charge("before", &charge_body(100)).await;
@@ -165,10 +165,10 @@ async fn an_outcome_is_recorded_once_the_database_is_back_never_503() {
     let proxy = Proxy::start(server_address(&admin_url())).await;
     let app = spawn_app_with(|s| {
         s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
-        s.database.connect_timeout_ms = 300;
-        s.database.query_timeout_ms = 500;
-        s.processor.latency_ms = 1000;
-        s.idempotency.lease_ms = 6000;
+        s.database.connect_timeout = Duration::from_millis(300);
+        s.database.query_timeout = Duration::from_millis(500);
+        s.processor.latency = Duration::from_millis(1000);
+        s.idempotency.lease = Duration::from_millis(6000);
     })
     .await;
     let request = charge_in_background(&app, "slow").await;
@@ -201,12 +201,12 @@ async fn an_outcome_that_cannot_be_recorded_within_the_lease_is_202_pending() {
     let proxy = Proxy::start(server_address(&admin_url())).await;
     let app = spawn_app_with(|s| {
         s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
-        s.database.connect_timeout_ms = 300;
-        s.database.query_timeout_ms = 500;
-        s.processor.latency_ms = 1000;
-        s.idempotency.lease_ms = 2500;
+        s.database.connect_timeout = Duration::from_millis(300);
+        s.database.query_timeout = Duration::from_millis(500);
+        s.processor.latency = Duration::from_millis(1000);
+        s.idempotency.lease = Duration::from_millis(2500);
         // The worker stays out of it: the retry below must be what finishes.
-        s.recovery.interval_ms = 600_000;
+        s.recovery.interval = Duration::from_millis(600_000);
     })
     .await;
     let request = charge_in_background(&app, "slower").await;
@@ -244,10 +244,10 @@ async fn an_insert_whose_commit_was_unconfirmed_is_undone_so_503_stays_true() {
         s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
         s.server.workers = 1;
         s.database.pool_size = 1;
-        s.database.connect_timeout_ms = 300;
-        s.database.query_timeout_ms = 500;
-        s.idempotency.lease_ms = 3000;
-        s.recovery.interval_ms = 100;
+        s.database.connect_timeout = Duration::from_millis(300);
+        s.database.query_timeout = Duration::from_millis(500);
+        s.idempotency.lease = Duration::from_millis(3000);
+        s.recovery.interval = Duration::from_millis(100);
     })
     .await;
     // Warm the one connection: the insert statement is prepared, so under the
