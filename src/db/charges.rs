@@ -21,7 +21,7 @@ macro_rules! charge_columns {
     () => {
         "id, merchant_id, request_fingerprint, amount, currency, customer, description, \
          metadata, status, failure_code, failure_message, locked_until, processor_attempts, \
-         created_at"
+         refunds_reserved, amount_refunded, processor_payment_id, created_at"
     };
 }
 
@@ -132,17 +132,35 @@ pub const CLAIM_ABANDONED: Statement = Statement {
 };
 
 /// After an unknown outcome: count the attempt, end our lease (matched by
-/// its exact expiry) and tell the recovery worker when to try again.
+/// its exact expiry) and tell the recovery worker when to try again. The
+/// first unknown outcome of a charge is a state change too: the outbox gets
+/// one `charge.pending` event.
 pub const RECORD_UNKNOWN: Statement = Statement {
     sql: concat!(
-        "UPDATE charges SET locked_until = now(), processor_attempts = processor_attempts + 1, \
-                            next_attempt_at = now() + $3::bigint * interval '1 millisecond', \
-                            updated_at = now() \
-          WHERE id = $1 AND status = 'pending' AND locked_until = $2 \
-          RETURNING ",
-        charge_columns!()
+        "WITH updated AS ( \
+             UPDATE charges SET locked_until = now(), \
+                                processor_attempts = processor_attempts + 1, \
+                                next_attempt_at = now() + $3::bigint * interval '1 millisecond', \
+                                updated_at = now() \
+              WHERE id = $1 AND status = 'pending' AND locked_until = $2 \
+              RETURNING ",
+        charge_columns!(),
+        "), event AS ( \
+             INSERT INTO events (id, merchant_id, charge_id, type, data) \
+             SELECT $4, merchant_id, id, 'charge.pending', $5 FROM updated \
+              WHERE processor_attempts = 1 \
+             ON CONFLICT ON CONSTRAINT events_one_per_charge_change DO NOTHING) \
+         SELECT ",
+        charge_columns!(),
+        " FROM updated"
     ),
-    params: &[Type::UUID, Type::TIMESTAMPTZ, Type::INT8],
+    params: &[
+        Type::UUID,
+        Type::TIMESTAMPTZ,
+        Type::INT8,
+        Type::UUID,
+        Type::JSONB,
+    ],
 };
 
 /// Deletes a pending charge nobody has worked on since it was inserted (no
@@ -165,7 +183,7 @@ pub const RECORD_OUTCOME: Statement = Statement {
               RETURNING ",
         charge_columns!(),
         "), event AS ( \
-             INSERT INTO events (id, merchant_id, charge_id, type, payload) \
+             INSERT INTO events (id, merchant_id, charge_id, type, data) \
              SELECT $6, merchant_id, id, 'charge.' || status, $7 FROM updated) \
          SELECT ",
         charge_columns!(),
@@ -191,7 +209,7 @@ pub const RELEASE_EXPIRED_KEYS: Statement = Statement {
     params: &[Type::UUID, Type::INT8],
 };
 
-fn lease_ms(lease: Duration) -> i64 {
+pub(super) fn lease_ms(lease: Duration) -> i64 {
     i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
 }
 
@@ -320,14 +338,20 @@ pub async fn claim_abandoned(
 /// over since.
 pub async fn record_unknown(
     conn: &Conn,
-    id: ChargeId,
+    charge: &Charge,
     our_lease: DateTime<Utc>,
     retry_in: Duration,
 ) -> Result<Option<Charge>, DbError> {
     let row = conn
         .query_opt(
             &RECORD_UNKNOWN,
-            &[id.as_uuid(), &our_lease, &lease_ms(retry_in)],
+            &[
+                charge.id.as_uuid(),
+                &our_lease,
+                &lease_ms(retry_in),
+                &Uuid::now_v7(),
+                &Json(charge),
+            ],
         )
         .await?;
     row.as_ref().map(decode).transpose()
@@ -354,18 +378,7 @@ pub async fn record_outcome(
     charge: &Charge,
     outcome: &Outcome,
 ) -> Result<Option<Charge>, DbError> {
-    let (payment_id, code, message) = match outcome {
-        Outcome::Succeeded { payment_id } => (Some(payment_id.as_str()), None, None),
-        Outcome::Declined {
-            payment_id,
-            code,
-            message,
-        } => (
-            payment_id.as_deref(),
-            Some(code.as_str()),
-            Some(message.as_str()),
-        ),
-    };
+    let (payment_id, code, message) = outcome.columns();
     let row = conn
         .query_opt(
             &RECORD_OUTCOME,
@@ -376,7 +389,7 @@ pub async fn record_outcome(
                 &message,
                 &payment_id,
                 &Uuid::now_v7(),
-                &Json(charge.with_outcome(outcome)),
+                &Json(charge.with_outcome(outcome).as_created()),
             ],
         )
         .await?;
@@ -423,6 +436,9 @@ fn decode(row: &Row) -> Result<Charge, DbError> {
         failure_message: column(row, "failure_message")?,
         locked_until: column(row, "locked_until")?,
         processor_attempts: column(row, "processor_attempts")?,
+        refunds_reserved: column(row, "refunds_reserved")?,
+        amount_refunded: column(row, "amount_refunded")?,
+        processor_payment_id: column(row, "processor_payment_id")?,
         created_at: column(row, "created_at")?,
     })
 }

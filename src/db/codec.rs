@@ -8,7 +8,7 @@ use tokio_postgres::types::{FromSql, Type};
 use tokio_postgres::Row;
 
 use super::DbError;
-use crate::domain::{ChargeStatus, Fingerprint};
+use crate::domain::{Fingerprint, Status};
 
 /// Column `name` of `row`, decoded exactly; a missing column or a value that
 /// does not decode names the column in the error.
@@ -19,10 +19,10 @@ pub fn column<'a, T: FromSql<'a>>(row: &'a Row, name: &str) -> Result<T, DbError
 
 type BoxError = Box<dyn Error + Sync + Send>;
 
-impl<'a> FromSql<'a> for ChargeStatus {
+impl<'a> FromSql<'a> for Status {
     fn from_sql(ty: &Type, raw: &'a [u8]) -> Result<Self, BoxError> {
         let text = <&str as FromSql>::from_sql(ty, raw)?;
-        ChargeStatus::parse(text).ok_or_else(|| format!("unknown charge status {text:?}").into())
+        Status::parse(text).ok_or_else(|| format!("unknown charge status {text:?}").into())
     }
 
     fn accepts(ty: &Type) -> bool {
@@ -49,10 +49,10 @@ mod tests {
     #[test]
     fn unknown_statuses_and_short_fingerprints_are_errors() {
         assert_eq!(
-            ChargeStatus::from_sql(&Type::TEXT, b"succeeded").ok(),
-            Some(ChargeStatus::Succeeded)
+            Status::from_sql(&Type::TEXT, b"succeeded").ok(),
+            Some(Status::Succeeded)
         );
-        assert!(ChargeStatus::from_sql(&Type::TEXT, b"refunded").is_err());
+        assert!(Status::from_sql(&Type::TEXT, b"refunded").is_err());
         assert!(Fingerprint::from_sql(&Type::BYTEA, &[0; 31]).is_err());
         assert_eq!(
             Fingerprint::from_sql(&Type::BYTEA, &[7; 32]).ok(),

@@ -7,33 +7,10 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::ser::{Serialize, SerializeStruct, Serializer};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use super::{Amount, ChargeId, Currency, Fingerprint, MerchantId};
-
-/// Documented limits of a charge request.
-pub mod limits {
-    pub const CUSTOMER_CHARS: usize = 255;
-    pub const DESCRIPTION_CHARS: usize = 1000;
-    pub const METADATA_ENTRIES: usize = 50;
-    pub const METADATA_KEY_CHARS: usize = 40;
-    pub const METADATA_VALUE_CHARS: usize = 500;
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct FieldError {
-    pub field: String,
-    pub message: String,
-}
-
-impl FieldError {
-    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-}
+use super::fields::{limits, object, optional_text, parse_metadata, FieldError};
+use super::{Amount, ChargeId, Currency, Fingerprint, MerchantId, Outcome, Status};
 
 /// A validated charge request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,18 +27,11 @@ impl NewCharge {
     /// the first, so a client can fix them all at once. `null` counts as
     /// absent for the optional fields.
     pub fn parse(body: &Value) -> Result<Self, Vec<FieldError>> {
-        let Some(object) = body.as_object() else {
-            return Err(vec![FieldError::new("", "the body must be a JSON object")]);
-        };
         let mut errors = Vec::new();
-        for field in object.keys() {
-            if !matches!(
-                field.as_str(),
-                "amount" | "currency" | "customer" | "description" | "metadata"
-            ) {
-                errors.push(FieldError::new(field.clone(), "unknown field"));
-            }
-        }
+        let known = ["amount", "currency", "customer", "description", "metadata"];
+        let Some(object) = object(body, &known, &mut errors) else {
+            return Err(errors);
+        };
         let amount = parse_amount(object.get("amount"), &mut errors);
         let currency = parse_currency(object.get("currency"), &mut errors);
         let customer = optional_text(object, "customer", limits::CUSTOMER_CHARS, &mut errors);
@@ -130,138 +100,6 @@ fn parse_currency(value: Option<&Value>, errors: &mut Vec<FieldError>) -> Option
     None
 }
 
-/// PostgreSQL text cannot hold NUL, and no charge needs one.
-const NUL_MESSAGE: &str = "must not contain NUL characters (\\u0000)";
-
-fn optional_text(
-    object: &Map<String, Value>,
-    field: &str,
-    max_chars: usize,
-    errors: &mut Vec<FieldError>,
-) -> Option<String> {
-    match object.get(field) {
-        None | Some(Value::Null) => None,
-        Some(Value::String(text)) if text.contains('\0') => {
-            errors.push(FieldError::new(field, NUL_MESSAGE));
-            None
-        }
-        Some(Value::String(text)) if text.chars().count() <= max_chars => Some(text.clone()),
-        Some(Value::String(_)) => {
-            errors.push(FieldError::new(
-                field,
-                format!("must be at most {max_chars} characters"),
-            ));
-            None
-        }
-        Some(_) => {
-            errors.push(FieldError::new(field, "must be a string"));
-            None
-        }
-    }
-}
-
-fn parse_metadata(value: Option<&Value>, errors: &mut Vec<FieldError>) -> BTreeMap<String, String> {
-    let mut metadata = BTreeMap::new();
-    let entries = match value {
-        None | Some(Value::Null) => return metadata,
-        Some(Value::Object(entries)) => entries,
-        Some(_) => {
-            errors.push(FieldError::new(
-                "metadata",
-                "must be an object of string values",
-            ));
-            return metadata;
-        }
-    };
-    if entries.len() > limits::METADATA_ENTRIES {
-        errors.push(FieldError::new(
-            "metadata",
-            format!("must have at most {} entries", limits::METADATA_ENTRIES),
-        ));
-        return metadata;
-    }
-    for (key, item) in entries {
-        let field = format!("metadata.{key}");
-        if key.contains('\0') || item.as_str().is_some_and(|text| text.contains('\0')) {
-            errors.push(FieldError::new(field, NUL_MESSAGE));
-            continue;
-        }
-        let key_chars = key.chars().count();
-        if key_chars == 0 || key_chars > limits::METADATA_KEY_CHARS {
-            errors.push(FieldError::new(
-                field,
-                format!(
-                    "keys must be 1 to {} characters",
-                    limits::METADATA_KEY_CHARS
-                ),
-            ));
-            continue;
-        }
-        match item {
-            Value::String(text) if text.chars().count() <= limits::METADATA_VALUE_CHARS => {
-                metadata.insert(key.clone(), text.clone());
-            }
-            Value::String(_) => errors.push(FieldError::new(
-                field,
-                format!(
-                    "must be at most {} characters",
-                    limits::METADATA_VALUE_CHARS
-                ),
-            )),
-            _ => errors.push(FieldError::new(field, "must be a string")),
-        }
-    }
-    metadata
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChargeStatus {
-    Pending,
-    Succeeded,
-    Failed,
-}
-
-impl ChargeStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Succeeded => "succeeded",
-            Self::Failed => "failed",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "pending" => Some(Self::Pending),
-            "succeeded" => Some(Self::Succeeded),
-            "failed" => Some(Self::Failed),
-            _ => None,
-        }
-    }
-}
-
-/// The processor's final word on a charge.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    Succeeded {
-        payment_id: String,
-    },
-    Declined {
-        payment_id: Option<String>,
-        code: String,
-        message: String,
-    },
-}
-
-impl Outcome {
-    pub fn status(&self) -> ChargeStatus {
-        match self {
-            Self::Succeeded { .. } => ChargeStatus::Succeeded,
-            Self::Declined { .. } => ChargeStatus::Failed,
-        }
-    }
-}
-
 /// A stored charge.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Charge {
@@ -273,17 +111,35 @@ pub struct Charge {
     pub customer: Option<String>,
     pub description: Option<String>,
     pub metadata: BTreeMap<String, String>,
-    pub status: ChargeStatus,
+    pub status: Status,
     pub failure_code: Option<String>,
     pub failure_message: Option<String>,
     pub locked_until: Option<DateTime<Utc>>,
     /// Processor calls that ended without a final answer; sets the pace of
-    /// the next one (see `service::charges::retry_delay`).
+    /// the next one (see `service::lifecycle::retry_delay`).
     pub processor_attempts: i32,
+    /// Pending and succeeded refunds together: never more than `amount`.
+    pub refunds_reserved: i64,
+    /// Succeeded refunds.
+    pub amount_refunded: i64,
+    /// The processor's id of the payment, once it succeeded (refunds name it).
+    pub processor_payment_id: Option<String>,
     pub created_at: DateTime<Utc>,
 }
 
 impl Charge {
+    /// The charge as the answer to its creation shows it: before any refund,
+    /// which can only follow. A replay of `POST /v1/charges` is rendered from
+    /// this, so it stays byte for byte the first answer while refunds change
+    /// the charge; `GET` shows the charge as it is.
+    pub fn as_created(&self) -> Charge {
+        Charge {
+            refunds_reserved: 0,
+            amount_refunded: 0,
+            ..self.clone()
+        }
+    }
+
     /// The charge as it will be once `outcome` is recorded.
     pub fn with_outcome(&self, outcome: &Outcome) -> Charge {
         let mut charge = self.clone();
@@ -297,11 +153,12 @@ impl Charge {
     }
 }
 
-/// The public form. Only fields that are fixed once the charge is final are
-/// shown, so a replay renders the same bytes as the first answer.
+/// The public form, the same for answers, reads and events. Besides the
+/// refund totals (see `as_created`), only fields that are fixed once the
+/// charge is final are shown.
 impl Serialize for Charge {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut out = serializer.serialize_struct("Charge", 10)?;
+        let mut out = serializer.serialize_struct("Charge", 13)?;
         out.serialize_field("id", &self.id.to_string())?;
         out.serialize_field("object", "charge")?;
         out.serialize_field("amount", &self.amount)?;
@@ -312,6 +169,8 @@ impl Serialize for Charge {
         out.serialize_field("metadata", &self.metadata)?;
         out.serialize_field("failure_code", &self.failure_code)?;
         out.serialize_field("failure_message", &self.failure_message)?;
+        out.serialize_field("amount_refunded", &self.amount_refunded)?;
+        out.serialize_field("refunded", &(self.amount_refunded == self.amount))?;
         out.serialize_field(
             "created_at",
             &self.created_at.to_rfc3339_opts(SecondsFormat::Micros, true),
@@ -323,7 +182,7 @@ impl Serialize for Charge {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Map};
 
     fn fields(body: Value) -> Vec<String> {
         let mut fields: Vec<_> = NewCharge::parse(&body)

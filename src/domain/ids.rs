@@ -53,6 +53,9 @@ macro_rules! prefixed_id {
 
 prefixed_id!(ChargeId, "ch_");
 prefixed_id!(MerchantId, "mer_");
+prefixed_id!(RefundId, "re_");
+prefixed_id!(EventId, "evt_");
+prefixed_id!(WebhookEndpointId, "we_");
 
 impl ChargeId {
     /// The idempotency key this charge presents to the payment processor. It
@@ -60,6 +63,14 @@ impl ChargeId {
     /// after any restart, sends the same one and the processor deduplicates.
     pub fn processor_idempotency_key(&self) -> String {
         format!("chargeonce-{}", self.0.simple())
+    }
+}
+
+impl RefundId {
+    /// The refund's stable key at the processor, like a charge's; its own
+    /// prefix keeps it apart from every charge key.
+    pub fn processor_idempotency_key(&self) -> String {
+        format!("chargeonce-refund-{}", self.0.simple())
     }
 }
 

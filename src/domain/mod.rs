@@ -3,16 +3,22 @@
 
 pub mod api_key;
 pub mod charge;
+pub mod fields;
 pub mod fingerprint;
 pub mod idempotency_key;
 pub mod ids;
+pub mod lifecycle;
 pub mod money;
 mod properties;
+pub mod refund;
 pub mod strict_json;
 
 pub use api_key::ApiKey;
-pub use charge::{Charge, ChargeStatus, FieldError, NewCharge, Outcome};
+pub use charge::{Charge, NewCharge};
+pub use fields::FieldError;
 pub use fingerprint::{Fingerprint, RequestFingerprint};
 pub use idempotency_key::{IdempotencyKey, KeyError};
-pub use ids::{ChargeId, MerchantId};
+pub use ids::{ChargeId, EventId, MerchantId, RefundId, WebhookEndpointId};
+pub use lifecycle::{Outcome, Status};
 pub use money::{Amount, Currency};
+pub use refund::{NewRefund, Refund, RefundReason};

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::{body, AuthenticatedMerchant, HttpLimits};
 use crate::domain::{
-    Charge, ChargeId, ChargeStatus, FieldError, MerchantId, NewCharge, RequestFingerprint,
+    Charge, ChargeId, FieldError, MerchantId, NewCharge, RequestFingerprint, Status,
 };
 use crate::error::{ApiError, Problem, PROBLEM_JSON};
 use crate::service::charges::{ChargeReply, Charges};
@@ -47,11 +47,13 @@ pub(crate) async fn create_for(
 /// The answer for a charge, from its stored row alone, so a replay renders
 /// the same status and the same bytes as the first answer.
 fn charge_response(reply: &ChargeReply) -> Result<HttpResponse, ApiError> {
-    let charge = &reply.charge;
+    // The answer to the creation: the same bytes on every replay, whatever
+    // refunds did to the charge since (`Charge::as_created`).
+    let charge = &reply.record.as_created();
     let (status, content_type, body) = match charge.status {
-        ChargeStatus::Succeeded => (StatusCode::CREATED, "application/json", to_json(charge)?),
-        ChargeStatus::Pending => (StatusCode::ACCEPTED, "application/json", to_json(charge)?),
-        ChargeStatus::Failed => (
+        Status::Succeeded => (StatusCode::CREATED, "application/json", to_json(charge)?),
+        Status::Pending => (StatusCode::ACCEPTED, "application/json", to_json(charge)?),
+        Status::Failed => (
             StatusCode::PAYMENT_REQUIRED,
             PROBLEM_JSON,
             declined_problem(charge)?,

@@ -1,6 +1,7 @@
 //! The payment processor boundary. Money moves on the far side of this trait,
-//! outside any database transaction, so every call carries the charge's own
-//! stable idempotency key and the processor deduplicates on it.
+//! outside any database transaction, so every call carries the charge's (or
+//! the refund's) own stable idempotency key and the processor deduplicates
+//! on it.
 
 pub mod http;
 pub mod simulated;
@@ -25,6 +26,17 @@ pub struct PaymentRequest<'a> {
     pub currency: &'a str,
     pub customer: Option<&'a str>,
     pub description: Option<&'a str>,
+}
+
+/// A refund of (part of) a payment the processor made. `idempotency_key` is
+/// the same on every attempt for one refund.
+#[derive(Debug, Clone)]
+pub struct RefundRequest<'a> {
+    pub idempotency_key: &'a str,
+    /// The processor's id of the payment, recorded when the charge succeeded.
+    pub payment_id: &'a str,
+    pub amount: i64,
+    pub currency: &'a str,
 }
 
 /// The answer to one call, classified:
@@ -59,6 +71,7 @@ pub const PROCESSOR_REJECTED: &str = "processor_rejected";
 #[async_trait]
 pub trait PaymentProcessor: Send + Sync + 'static {
     async fn charge(&self, request: &PaymentRequest<'_>) -> ProcessorReply;
+    async fn refund(&self, request: &RefundRequest<'_>) -> ProcessorReply;
 }
 
 /// The processor the settings ask for.
@@ -80,4 +93,10 @@ pub fn simulated_decline(amount: i64) -> Option<(&'static str, &'static str)> {
         5 => Some(("insufficient_funds", "The card has insufficient funds.")),
         _ => None,
     }
+}
+
+/// The same for refunds: an amount ending in `02` is declined
+/// `refund_declined`.
+pub fn simulated_refund_decline(amount: i64) -> Option<(&'static str, &'static str)> {
+    (amount % 100 == 2).then_some(("refund_declined", "The refund was declined."))
 }

@@ -9,6 +9,9 @@
 //! | `09` | the first call for a key times out (outcome unknown, but the payment was made); later calls with that key answer `succeeded` |
 //! | anything else | succeeded |
 //!
+//! Refunds follow the same rules with their own key: an amount ending in
+//! `02` is declined `refund_declined`, `09` times out on the first call.
+//!
 //! The payment id is derived from the key, so a repeated call returns the
 //! same payment, as a real processor does.
 //!
@@ -25,7 +28,10 @@ use moka::sync::Cache;
 use async_trait::async_trait;
 use sha2::{Digest, Sha256};
 
-use super::{simulated_decline, PaymentProcessor, PaymentRequest, ProcessorReply};
+use super::{
+    simulated_decline, simulated_refund_decline, PaymentProcessor, PaymentRequest, ProcessorReply,
+    RefundRequest,
+};
 use crate::domain::Outcome;
 
 /// Most `…09` keys remembered as having had their timed-out call.
@@ -57,9 +63,34 @@ impl SimulatedProcessor {
         self.calls.load(Ordering::SeqCst)
     }
 
-    fn payment_id(key: &str) -> String {
+    fn processor_id(key: &str) -> String {
         let digest = Sha256::digest(key.as_bytes());
         format!("sim_{}", &hex::encode(digest)[..24])
+    }
+
+    /// The answer for a call with `key` and `amount`, given its declines.
+    async fn answer(
+        &self,
+        key: &str,
+        amount: i64,
+        decline: Option<(&str, &str)>,
+    ) -> ProcessorReply {
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let processor_id = Self::processor_id(key);
+        if let Some((code, message)) = decline {
+            return ProcessorReply::Final(Outcome::Declined {
+                processor_id: Some(processor_id),
+                code: code.to_owned(),
+                message: message.to_owned(),
+            });
+        }
+        if amount % 100 == 9 && self.first_call_for(key) {
+            return ProcessorReply::unknown("simulated processor timeout");
+        }
+        ProcessorReply::Final(Outcome::Succeeded { processor_id })
     }
 
     fn first_call_for(&self, key: &str) -> bool {
@@ -71,22 +102,21 @@ impl SimulatedProcessor {
 #[async_trait]
 impl PaymentProcessor for SimulatedProcessor {
     async fn charge(&self, request: &PaymentRequest<'_>) -> ProcessorReply {
-        if !self.latency.is_zero() {
-            tokio::time::sleep(self.latency).await;
-        }
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        let payment_id = Self::payment_id(request.idempotency_key);
-        if let Some((code, message)) = simulated_decline(request.amount) {
-            return ProcessorReply::Final(Outcome::Declined {
-                payment_id: Some(payment_id),
-                code: code.to_owned(),
-                message: message.to_owned(),
-            });
-        }
-        if request.amount % 100 == 9 && self.first_call_for(request.idempotency_key) {
-            return ProcessorReply::unknown("simulated processor timeout");
-        }
-        ProcessorReply::Final(Outcome::Succeeded { payment_id })
+        self.answer(
+            request.idempotency_key,
+            request.amount,
+            simulated_decline(request.amount),
+        )
+        .await
+    }
+
+    async fn refund(&self, request: &RefundRequest<'_>) -> ProcessorReply {
+        self.answer(
+            request.idempotency_key,
+            request.amount,
+            simulated_refund_decline(request.amount),
+        )
+        .await
     }
 }
 

@@ -213,6 +213,7 @@ async fn create_payment(
                     .to_owned(),
                     amount: payment.amount,
                     currency: payment.currency,
+                    payment_id: None,
                     decline_code: decline.map(|(code, _)| code.to_owned()),
                     message: decline.map(|(_, message)| message.to_owned()),
                 };

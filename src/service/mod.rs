@@ -5,6 +5,8 @@
 pub mod api_keys;
 pub mod charges;
 pub mod health;
+pub mod lifecycle;
+pub mod refunds;
 
 use std::time::Duration;
 

@@ -152,7 +152,12 @@ async fn an_unknown_outcome_is_202_pending_and_a_retry_finishes_it() {
     assert_eq!(first.status, 202, "{}", first.body);
     let pending = first.json();
     assert_eq!(pending["status"], "pending");
-    assert_eq!(app.count("SELECT count(*) FROM events").await, 0);
+    // Becoming pending is a state change too: one event.
+    assert_eq!(
+        app.count("SELECT count(*) FROM events WHERE type = 'charge.pending'")
+            .await,
+        1
+    );
 
     let retry = app.post_charge("slow", &charge_body(1009)).await;
     assert_eq!(retry.status, 201, "{}", retry.body);
@@ -163,6 +168,7 @@ async fn an_unknown_outcome_is_202_pending_and_a_retry_finishes_it() {
     let replay = app.post_charge("slow", &charge_body(1009)).await;
     assert_eq!(replay.status, 201);
     assert_eq!(replay.body, retry.body);
+    assert_eq!(app.count("SELECT count(*) FROM events").await, 2);
     // Two calls with one downstream key: the processor charged once.
     assert_eq!(app.processor.calls(), 2);
     assert_eq!(app.charge_rows().await, 1);

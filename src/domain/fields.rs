@@ -1,0 +1,136 @@
+//! Request fields shared by charges and refunds: how each is validated, and
+//! the error that names the offending field.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+/// Documented limits of request fields.
+pub mod limits {
+    pub const CUSTOMER_CHARS: usize = 255;
+    pub const DESCRIPTION_CHARS: usize = 1000;
+    pub const METADATA_ENTRIES: usize = 50;
+    pub const METADATA_KEY_CHARS: usize = 40;
+    pub const METADATA_VALUE_CHARS: usize = 500;
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub(crate) fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The body as an object whose members are all among `known`; otherwise
+/// the errors (unknown members each named).
+pub(crate) fn object<'a>(
+    body: &'a Value,
+    known: &[&str],
+    errors: &mut Vec<FieldError>,
+) -> Option<&'a Map<String, Value>> {
+    let Some(object) = body.as_object() else {
+        errors.push(FieldError::new("", "the body must be a JSON object"));
+        return None;
+    };
+    for field in object.keys() {
+        if !known.contains(&field.as_str()) {
+            errors.push(FieldError::new(field.clone(), "unknown field"));
+        }
+    }
+    Some(object)
+}
+
+/// PostgreSQL text cannot hold NUL, and no charge needs one.
+const NUL_MESSAGE: &str = "must not contain NUL characters (\\u0000)";
+
+pub(crate) fn optional_text(
+    object: &Map<String, Value>,
+    field: &str,
+    max_chars: usize,
+    errors: &mut Vec<FieldError>,
+) -> Option<String> {
+    match object.get(field) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(text)) if text.contains('\0') => {
+            errors.push(FieldError::new(field, NUL_MESSAGE));
+            None
+        }
+        Some(Value::String(text)) if text.chars().count() <= max_chars => Some(text.clone()),
+        Some(Value::String(_)) => {
+            errors.push(FieldError::new(
+                field,
+                format!("must be at most {max_chars} characters"),
+            ));
+            None
+        }
+        Some(_) => {
+            errors.push(FieldError::new(field, "must be a string"));
+            None
+        }
+    }
+}
+
+pub(crate) fn parse_metadata(
+    value: Option<&Value>,
+    errors: &mut Vec<FieldError>,
+) -> BTreeMap<String, String> {
+    let mut metadata = BTreeMap::new();
+    let entries = match value {
+        None | Some(Value::Null) => return metadata,
+        Some(Value::Object(entries)) => entries,
+        Some(_) => {
+            errors.push(FieldError::new(
+                "metadata",
+                "must be an object of string values",
+            ));
+            return metadata;
+        }
+    };
+    if entries.len() > limits::METADATA_ENTRIES {
+        errors.push(FieldError::new(
+            "metadata",
+            format!("must have at most {} entries", limits::METADATA_ENTRIES),
+        ));
+        return metadata;
+    }
+    for (key, item) in entries {
+        let field = format!("metadata.{key}");
+        if key.contains('\0') || item.as_str().is_some_and(|text| text.contains('\0')) {
+            errors.push(FieldError::new(field, NUL_MESSAGE));
+            continue;
+        }
+        let key_chars = key.chars().count();
+        if key_chars == 0 || key_chars > limits::METADATA_KEY_CHARS {
+            errors.push(FieldError::new(
+                field,
+                format!(
+                    "keys must be 1 to {} characters",
+                    limits::METADATA_KEY_CHARS
+                ),
+            ));
+            continue;
+        }
+        match item {
+            Value::String(text) if text.chars().count() <= limits::METADATA_VALUE_CHARS => {
+                metadata.insert(key.clone(), text.clone());
+            }
+            Value::String(_) => errors.push(FieldError::new(
+                field,
+                format!(
+                    "must be at most {} characters",
+                    limits::METADATA_VALUE_CHARS
+                ),
+            )),
+            _ => errors.push(FieldError::new(field, "must be a string")),
+        }
+    }
+    metadata
+}

@@ -1,0 +1,216 @@
+//! Refunds: the request (`NewRefund`, validated with every offending field
+//! reported), the stored refund (`Refund`) and its public JSON form, the
+//! same for answers, replays, reads and events.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::ser::{Serialize, SerializeStruct, Serializer};
+use serde_json::Value;
+
+use super::fields::{object, parse_metadata, FieldError};
+use super::{Amount, ChargeId, Fingerprint, MerchantId, Outcome, RefundId, Status};
+
+/// Why a merchant refunds; optional.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefundReason {
+    Duplicate,
+    Fraudulent,
+    RequestedByCustomer,
+}
+
+impl RefundReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Duplicate => "duplicate",
+            Self::Fraudulent => "fraudulent",
+            Self::RequestedByCustomer => "requested_by_customer",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "duplicate" => Some(Self::Duplicate),
+            "fraudulent" => Some(Self::Fraudulent),
+            "requested_by_customer" => Some(Self::RequestedByCustomer),
+            _ => None,
+        }
+    }
+}
+
+/// A validated refund request. Without `amount`, the refund is for what is
+/// left of the charge when it is made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewRefund {
+    pub amount: Option<Amount>,
+    pub reason: Option<RefundReason>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl NewRefund {
+    /// Parses a request body (every member optional; `null` is absent).
+    pub fn parse(body: &Value) -> Result<Self, Vec<FieldError>> {
+        let mut errors = Vec::new();
+        let Some(object) = object(body, &["amount", "reason", "metadata"], &mut errors) else {
+            return Err(errors);
+        };
+        let amount = match object.get("amount") {
+            None | Some(Value::Null) => None,
+            Some(value) => {
+                let amount = value.as_i64().and_then(Amount::new);
+                if amount.is_none() {
+                    errors.push(FieldError::new(
+                        "amount",
+                        format!(
+                            "must be an integer number of minor units from 1 to {}",
+                            Amount::MAX
+                        ),
+                    ));
+                }
+                amount
+            }
+        };
+        let reason = match object.get("reason") {
+            None | Some(Value::Null) => None,
+            Some(value) => {
+                let reason = value.as_str().and_then(RefundReason::parse);
+                if reason.is_none() {
+                    errors.push(FieldError::new(
+                        "reason",
+                        "must be \"duplicate\", \"fraudulent\" or \"requested_by_customer\"",
+                    ));
+                }
+                reason
+            }
+        };
+        let metadata = parse_metadata(object.get("metadata"), &mut errors);
+        if errors.is_empty() {
+            Ok(Self {
+                amount,
+                reason,
+                metadata,
+            })
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// The canonical, normalised form the fingerprint is taken of.
+    pub fn normalised(&self) -> Value {
+        serde_json::json!({
+            "amount": self.amount.map(Amount::minor_units),
+            "reason": self.reason.map(RefundReason::as_str),
+            "metadata": self.metadata,
+        })
+    }
+}
+
+/// A stored refund.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refund {
+    pub id: RefundId,
+    pub merchant_id: MerchantId,
+    pub charge_id: ChargeId,
+    pub fingerprint: Fingerprint,
+    pub amount: i64,
+    pub currency: String,
+    pub reason: Option<RefundReason>,
+    pub metadata: BTreeMap<String, String>,
+    pub status: Status,
+    pub failure_code: Option<String>,
+    pub failure_message: Option<String>,
+    pub locked_until: Option<DateTime<Utc>>,
+    pub processor_attempts: i32,
+    pub created_at: DateTime<Utc>,
+}
+
+impl Refund {
+    /// The refund as it will be once `outcome` is recorded.
+    pub fn with_outcome(&self, outcome: &Outcome) -> Refund {
+        let mut refund = self.clone();
+        refund.status = outcome.status();
+        refund.locked_until = None;
+        if let Outcome::Declined { code, message, .. } = outcome {
+            refund.failure_code = Some(code.clone());
+            refund.failure_message = Some(message.clone());
+        }
+        refund
+    }
+}
+
+impl Serialize for Refund {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut out = serializer.serialize_struct("Refund", 11)?;
+        out.serialize_field("id", &self.id.to_string())?;
+        out.serialize_field("object", "refund")?;
+        out.serialize_field("charge", &self.charge_id.to_string())?;
+        out.serialize_field("amount", &self.amount)?;
+        out.serialize_field("currency", &self.currency)?;
+        out.serialize_field("status", self.status.as_str())?;
+        out.serialize_field("reason", &self.reason.map(RefundReason::as_str))?;
+        out.serialize_field("metadata", &self.metadata)?;
+        out.serialize_field("failure_code", &self.failure_code)?;
+        out.serialize_field("failure_message", &self.failure_message)?;
+        out.serialize_field(
+            "created_at",
+            &self.created_at.to_rfc3339_opts(SecondsFormat::Micros, true),
+        )?;
+        out.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn fields(body: Value) -> Vec<String> {
+        let mut fields: Vec<_> = NewRefund::parse(&body)
+            .expect_err("invalid")
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        fields.sort();
+        fields
+    }
+
+    #[test]
+    fn every_member_is_optional() {
+        let refund = NewRefund::parse(&json!({})).expect("valid");
+        assert_eq!(refund.amount, None);
+        assert_eq!(refund.reason, None);
+        let full = NewRefund::parse(&json!({
+            "amount": 250, "reason": "requested_by_customer", "metadata": {"ticket": "7"}
+        }))
+        .expect("valid");
+        assert_eq!(full.amount.map(Amount::minor_units), Some(250));
+        assert_eq!(full.reason, Some(RefundReason::RequestedByCustomer));
+        assert_eq!(
+            NewRefund::parse(&json!({"amount": null, "reason": null}))
+                .ok()
+                .map(|r| r.amount),
+            Some(None)
+        );
+    }
+
+    #[test]
+    fn reports_every_offending_field() {
+        assert_eq!(
+            fields(json!({"amount": 0, "reason": "because", "metadata": {"k": 1}, "x": 1})),
+            ["amount", "metadata.k", "reason", "x"]
+        );
+        assert_eq!(fields(json!({"amount": "10"})), ["amount"]);
+        assert_eq!(fields(json!({"amount": 1.5})), ["amount"]);
+        assert_eq!(fields(json!([])), [""]);
+    }
+
+    #[test]
+    fn equivalent_requests_normalise_alike() {
+        let a = NewRefund::parse(&json!({"amount": 5})).expect("valid");
+        let b =
+            NewRefund::parse(&json!({"amount": 5, "metadata": {}, "reason": null})).expect("valid");
+        assert_eq!(a.normalised(), b.normalised());
+        let c = NewRefund::parse(&json!({})).expect("valid");
+        assert_ne!(a.normalised(), c.normalised());
+    }
+}

@@ -1,0 +1,479 @@
+//! The life of a charge or a refund after its row exists: both are created
+//! exactly once per idempotency key and finished through the processor in
+//! the same way, so the one engine here runs both (`Kind` says which).
+//!
+//! 1. The row is inserted as `pending` with a lease and committed, before any
+//!    side effect (by the kind's own `create`: a charge's insert, a refund's
+//!    reservation on its charge).
+//! 2. The processor is called with the row's stable downstream key, holding
+//!    no database connection.
+//! 3. The outcome and its outbox event are recorded in one statement.
+//!
+//! A request that finds a pending row whose lease ran out (its owner died or
+//! got no answer) takes the lease over and repeats step 2 with the same
+//! downstream key; the processor answers as it did the first time.
+//!
+//! What a client is told never claims less than happened:
+//! - 503 (`ServiceError::Unavailable`) only before the processor was called.
+//!   If the insert of step 1 may have committed although its answer was
+//!   lost, a background task deletes the row again once the database
+//!   answers, as long as nobody has worked on it (`forget_unconfirmed`).
+//! - After the processor answered, the outcome is recorded, retrying while
+//!   the database is away, for as long as our lease lasts; then the answer is
+//!   202 with the row still pending, and whoever comes next finishes it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use rand::Rng;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::config::{IdempotencySettings, RecoverySettings};
+use crate::crash;
+use crate::db::{Conn, Database, DbError};
+use crate::domain::{MerchantId, Outcome, Status};
+use crate::processor::{PaymentProcessor, ProcessorReply};
+use crate::telemetry::error_chain;
+
+use super::ServiceError;
+
+/// What a client is told to wait before retrying a key that is in flight.
+/// Requests normally finish in milliseconds, so a second is a fair hint even
+/// though the lease itself may run longer.
+pub const IN_USE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Longest pause between two looks at a row in flight elsewhere.
+const MAX_IN_FLIGHT_POLL: Duration = Duration::from_millis(20);
+
+/// Longest pause between two tries to reach the database while holding an
+/// answer it must record.
+const MAX_RECORD_PAUSE: Duration = Duration::from_secs(1);
+
+/// A stored charge or refund, as the engine sees it.
+pub trait Record: Clone + Send + Sync + 'static {
+    fn uuid(&self) -> Uuid;
+    /// The id as clients see it (`ch_…`, `re_…`), for log lines.
+    fn public_id(&self) -> String;
+    fn merchant(&self) -> MerchantId;
+    fn status(&self) -> Status;
+    fn lease(&self) -> Option<DateTime<Utc>>;
+    fn processor_attempts(&self) -> i32;
+}
+
+/// The statements and the processor call of one kind of record.
+#[async_trait]
+pub trait Kind: Send + Sync + 'static {
+    type Record: Record;
+    /// For log lines: "charge", "refund".
+    const NAME: &'static str;
+
+    async fn find(
+        &self,
+        conn: &Conn,
+        merchant: MerchantId,
+        id: Uuid,
+    ) -> Result<Option<Self::Record>, DbError>;
+    /// Takes the lease over if it ran out, else reads the row; whether it
+    /// is ours now.
+    async fn take_over_or_read(
+        &self,
+        conn: &Conn,
+        id: Uuid,
+        lease: Duration,
+    ) -> Result<Option<(Self::Record, bool)>, DbError>;
+    async fn claim_abandoned(
+        &self,
+        conn: &Conn,
+        lease: Duration,
+        batch: i64,
+    ) -> Result<Vec<Self::Record>, DbError>;
+    /// Records a final outcome (and its event); `None` if the row was no
+    /// longer pending.
+    async fn record_outcome(
+        &self,
+        conn: &Conn,
+        record: &Self::Record,
+        outcome: &Outcome,
+    ) -> Result<Option<Self::Record>, DbError>;
+    /// Records an unknown outcome: ends our lease, counts the attempt, sets
+    /// the next recovery time; `None` if the lease is no longer ours.
+    async fn record_unknown(
+        &self,
+        conn: &Conn,
+        record: &Self::Record,
+        retry_in: Duration,
+    ) -> Result<Option<Self::Record>, DbError>;
+    /// Deletes the row if nobody has worked on it since its insert.
+    async fn forget_unconfirmed(
+        &self,
+        conn: &Conn,
+        merchant: MerchantId,
+        id: Uuid,
+    ) -> Result<bool, DbError>;
+    async fn call_processor(
+        &self,
+        processor: &dyn PaymentProcessor,
+        record: &Self::Record,
+    ) -> ProcessorReply;
+}
+
+/// A record to answer with. `replayed` is true when the key already existed,
+/// so the answer belongs to an earlier request.
+#[derive(Debug)]
+pub struct Reply<R> {
+    pub record: R,
+    pub replayed: bool,
+}
+
+/// A pending record whose lease we hold, and when the lease ends by this
+/// process's clock (measured from before the statement that took it, so it
+/// never ends later than the database thinks).
+pub struct Leased<R> {
+    pub record: R,
+    pub until: Instant,
+}
+
+/// The engine for one kind: the database (an HTTP worker's own pool), the
+/// processor, the lease and retry rules. Cheap to clone.
+pub struct Lifecycle<K: Kind> {
+    pub(super) db: Database,
+    kind: Arc<K>,
+    processor: Arc<dyn PaymentProcessor>,
+    /// How long a request owns a pending row before others may take over.
+    pub(super) lease: Duration,
+    /// How long a request waits for a concurrent one with the same key to
+    /// finish before answering 409.
+    in_flight_wait: Duration,
+    /// The recovery worker's pace after unknown outcomes.
+    retry_base: Duration,
+    retry_cap: Duration,
+}
+
+impl<K: Kind> Clone for Lifecycle<K> {
+    fn clone(&self) -> Self {
+        Self {
+            db: self.db.clone(),
+            kind: self.kind.clone(),
+            processor: self.processor.clone(),
+            lease: self.lease,
+            in_flight_wait: self.in_flight_wait,
+            retry_base: self.retry_base,
+            retry_cap: self.retry_cap,
+        }
+    }
+}
+
+impl<K: Kind> Lifecycle<K> {
+    pub fn new(
+        kind: K,
+        db: Database,
+        processor: Arc<dyn PaymentProcessor>,
+        idempotency: &IdempotencySettings,
+        recovery: &RecoverySettings,
+    ) -> Self {
+        Self {
+            db,
+            kind: Arc::new(kind),
+            processor,
+            lease: idempotency.lease,
+            in_flight_wait: idempotency.in_flight_wait,
+            retry_base: recovery.interval,
+            retry_cap: recovery.max_backoff,
+        }
+    }
+
+    /// The same engine on another pool (each HTTP worker thread has its own).
+    pub fn with_database(&self, db: Database) -> Self {
+        Self { db, ..self.clone() }
+    }
+
+    pub fn kind(&self) -> &K {
+        &self.kind
+    }
+
+    pub async fn find(&self, merchant: MerchantId, id: Uuid) -> Result<K::Record, ServiceError> {
+        let conn = self.db.conn().await?;
+        self.kind
+            .find(&conn, merchant, id)
+            .await?
+            .ok_or(ServiceError::NotFound)
+    }
+
+    /// Goes on from a row the key led to: ours and new (process it), final
+    /// (replay it) or pending (resume it). `None`: the row vanished while we
+    /// looked (its insert was undone); the caller starts over.
+    pub async fn continue_with(
+        &self,
+        record: K::Record,
+        created: bool,
+        started: Instant,
+    ) -> Result<Option<Reply<K::Record>>, ServiceError> {
+        if created {
+            let leased = Leased {
+                record,
+                until: started + self.lease,
+            };
+            return self.process(leased, false).await.map(Some);
+        }
+        if record.status() != Status::Pending {
+            return Ok(Some(Reply {
+                record,
+                replayed: true,
+            }));
+        }
+        self.resume(record).await
+    }
+
+    /// A pending row found by a retry or a concurrent duplicate. If its lease
+    /// ran out, take it over and finish it. If it is in flight elsewhere,
+    /// wait up to `in_flight_wait` for that request to finish and answer
+    /// with its result; only then give up with 409.
+    async fn resume(&self, record: K::Record) -> Result<Option<Reply<K::Record>>, ServiceError> {
+        let deadline = Instant::now() + self.in_flight_wait;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let started = Instant::now();
+            let found = {
+                let conn = self.db.conn().await?;
+                self.kind
+                    .take_over_or_read(&conn, record.uuid(), self.lease)
+                    .await?
+            };
+            let Some((current, taken)) = found else {
+                return Ok(None);
+            };
+            if taken {
+                let leased = Leased {
+                    record: current,
+                    until: started + self.lease,
+                };
+                return self.process(leased, true).await.map(Some);
+            }
+            if current.status() != Status::Pending {
+                return Ok(Some(Reply {
+                    record: current,
+                    replayed: true,
+                }));
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(ServiceError::KeyInUse {
+                    retry_after: IN_USE_RETRY_AFTER,
+                });
+            }
+            tokio::time::sleep(pause.min(remaining)).await;
+            pause = (pause * 2).min(MAX_IN_FLIGHT_POLL);
+        }
+    }
+
+    /// Steps 2 and 3 for a row whose lease we hold. Runs as its own task so
+    /// a client that hangs up mid-request cannot cancel it between the
+    /// processor's answer and the outcome's commit.
+    async fn process(
+        &self,
+        leased: Leased<K::Record>,
+        replayed: bool,
+    ) -> Result<Reply<K::Record>, ServiceError> {
+        let this = self.clone();
+        let task = tokio::spawn(async move {
+            let record = this.call_processor_and_record(leased).await?;
+            Ok(Reply { record, replayed })
+        });
+        task.await.map_err(ServiceError::TaskFailed)?
+    }
+
+    /// Undoes, in the background, an insert whose commit was not confirmed,
+    /// so the 503 its request gets stays true: the row goes unless someone
+    /// has started to work on it.
+    ///
+    /// The insert may still be on its way (held in a stalled network, it
+    /// executes when the partition heals), so not finding the row proves
+    /// nothing: the task keeps looking for twice the lease. A row that lands
+    /// within that window is deleted long before its own lease lets the
+    /// recovery worker claim it. One that lands later still (a partition of
+    /// more than two leases with this insert in flight) is finished by the
+    /// worker like any abandoned one; the README says so.
+    pub fn forget_unconfirmed(&self, merchant: MerchantId, uuid: Uuid, id: String) {
+        let this = self.clone();
+        let until = Instant::now() + self.lease * 2;
+        tokio::spawn(async move {
+            let mut pause = Duration::from_millis(50);
+            while Instant::now() < until {
+                let forgotten = async {
+                    let conn = this.db.conn().await?;
+                    this.kind.forget_unconfirmed(&conn, merchant, uuid).await
+                }
+                .await;
+                match forgotten {
+                    Ok(true) => {
+                        tracing::warn!(kind = K::NAME, %id, "undid an insert whose commit was unconfirmed");
+                        return;
+                    }
+                    Ok(false) => {}
+                    Err(error) => {
+                        tracing::debug!(kind = K::NAME, %id, error = %error_chain(&error), "cannot undo an unconfirmed insert yet");
+                    }
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_RECORD_PAUSE);
+            }
+        });
+    }
+
+    /// Finishes abandoned rows (pending, lease run out, backoff passed)
+    /// through the same path a request takes; returns how many it claimed.
+    /// Used by the recovery worker.
+    pub async fn recover_abandoned(&self, batch: i64) -> Result<usize, ServiceError> {
+        let started = Instant::now();
+        let claimed = {
+            let conn = self.db.conn().await?;
+            self.kind.claim_abandoned(&conn, self.lease, batch).await?
+        };
+        let count = claimed.len();
+        let results = futures_util::future::join_all(claimed.into_iter().map(|record| {
+            self.call_processor_and_record(Leased {
+                record,
+                until: started + self.lease,
+            })
+        }))
+        .await;
+        for result in results {
+            match result {
+                Ok(record) if record.status() == Status::Pending => {
+                    tracing::info!(kind = K::NAME, id = %record.public_id(), attempts = record.processor_attempts(), "still pending after recovery attempt")
+                }
+                Ok(record) => {
+                    tracing::info!(kind = K::NAME, id = %record.public_id(), status = record.status().as_str(), "recovered")
+                }
+                Err(error) => {
+                    tracing::warn!(kind = K::NAME, error = %error_chain(&error), "recovery attempt failed")
+                }
+            }
+        }
+        Ok(count)
+    }
+
+    /// Steps 2 and 3, for a row whose lease the caller holds.
+    async fn call_processor_and_record(
+        &self,
+        leased: Leased<K::Record>,
+    ) -> Result<K::Record, ServiceError> {
+        crash::point("after_pending_commit");
+        let record = &leased.record;
+        let reply = self
+            .kind
+            .call_processor(self.processor.as_ref(), record)
+            .await;
+        crash::point("after_processor_reply");
+        match reply {
+            ProcessorReply::Final(outcome) => self.record_final(&leased, &outcome).await,
+            ProcessorReply::Unknown { reason, attention } => {
+                let id = record.public_id();
+                if attention {
+                    tracing::error!(kind = K::NAME, %id, %reason, "processor outcome unknown and needs attention; stays pending");
+                } else {
+                    tracing::warn!(kind = K::NAME, %id, %reason, "processor outcome unknown; stays pending");
+                }
+                let retry_in = retry_delay(
+                    record.processor_attempts(),
+                    self.retry_base,
+                    self.retry_cap,
+                    rand::thread_rng().gen(),
+                );
+                // One try: if the database is away too, the lease simply
+                // runs out and the next request or the worker goes on.
+                let recorded = async {
+                    let conn = self.db.conn().await?;
+                    self.kind.record_unknown(&conn, record, retry_in).await
+                }
+                .await;
+                match recorded {
+                    Ok(Some(recorded)) => Ok(recorded),
+                    Ok(None) => Ok(leased.record),
+                    Err(error) => {
+                        tracing::warn!(kind = K::NAME, %id, error = %error_chain(&error), "cannot record an unknown outcome; the lease will run out");
+                        Ok(leased.record)
+                    }
+                }
+            }
+        }
+    }
+
+    /// The outcome is known and must not be lost: keep trying to record it
+    /// while the lease lasts. Never calls the processor again for it.
+    async fn record_final(
+        &self,
+        leased: &Leased<K::Record>,
+        outcome: &Outcome,
+    ) -> Result<K::Record, ServiceError> {
+        let record = &leased.record;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let recorded = async {
+                let conn = self.db.conn().await?;
+                match self.kind.record_outcome(&conn, record, outcome).await? {
+                    Some(recorded) => Ok(Some(recorded)),
+                    // Someone else recorded it first (the processor gave them
+                    // the same answer) or took the lease over: show the row
+                    // as it is now.
+                    None => {
+                        self.kind
+                            .find(&conn, record.merchant(), record.uuid())
+                            .await
+                    }
+                }
+            }
+            .await;
+            match recorded {
+                Ok(recorded) => {
+                    crash::point("after_outcome_commit");
+                    return recorded.ok_or(ServiceError::NotFound);
+                }
+                Err(error) if error.is_transient() => {
+                    let id = record.public_id();
+                    if Instant::now() + pause >= leased.until {
+                        tracing::error!(kind = K::NAME, %id, error = %error_chain(&error), "processor answered but the outcome could not be recorded within the lease; answering pending");
+                        return Ok(leased.record.clone());
+                    }
+                    tracing::warn!(kind = K::NAME, %id, error = %error_chain(&error), "cannot record the processor's answer yet; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_RECORD_PAUSE);
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+}
+
+/// How long the recovery worker waits after the `attempts + 1`-th call
+/// without a final answer: `base · 2^attempts`, capped, then a random share
+/// of it between a half and all (`jitter` in 0..1), so rows that failed
+/// together do not come back together.
+pub fn retry_delay(attempts: i32, base: Duration, cap: Duration, jitter: f64) -> Duration {
+    let exponent = u32::try_from(attempts.clamp(0, 30)).unwrap_or(0);
+    let full = base.saturating_mul(1 << exponent).min(cap);
+    full.mul_f64(0.5 + jitter.clamp(0.0, 1.0) / 2.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_retry_delay_doubles_up_to_the_cap_with_jitter() {
+        let base = Duration::from_millis(100);
+        let cap = Duration::from_millis(1000);
+        let delays: Vec<_> = (0..6).map(|n| retry_delay(n, base, cap, 1.0)).collect();
+        assert_eq!(
+            delays,
+            [100, 200, 400, 800, 1000, 1000].map(Duration::from_millis)
+        );
+        assert_eq!(retry_delay(2, base, cap, 0.0), Duration::from_millis(200));
+        assert_eq!(retry_delay(2, base, cap, 0.5), Duration::from_millis(300));
+        assert_eq!(retry_delay(1000, base, cap, 1.0), cap);
+        assert_eq!(retry_delay(-3, base, cap, 1.0), base);
+    }
+}
