@@ -34,6 +34,12 @@ pub enum ApiError {
     },
     #[error("no such resource")]
     NotFound,
+    #[error("only a succeeded charge can be refunded; this one is {status}")]
+    ChargeNotRefundable { status: &'static str },
+    #[error(
+        "the refund is larger than what remains refundable of the charge ({refundable_amount})"
+    )]
+    RefundExceedsCharge { refundable_amount: i64 },
     #[error("method not allowed")]
     MethodNotAllowed,
     #[error("the request body is larger than {limit} bytes")]
@@ -102,6 +108,18 @@ impl ApiError {
                 (S::BAD_REQUEST, "invalid_request", "Invalid request", None)
             }
             Self::NotFound => (S::NOT_FOUND, "not_found", "Not found", None),
+            Self::ChargeNotRefundable { .. } => (
+                S::BAD_REQUEST,
+                "charge_not_refundable",
+                "Charge not refundable",
+                None,
+            ),
+            Self::RefundExceedsCharge { .. } => (
+                S::BAD_REQUEST,
+                "refund_exceeds_charge",
+                "Refund exceeds charge",
+                None,
+            ),
             Self::MethodNotAllowed => (
                 S::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
@@ -187,16 +205,22 @@ impl ApiError {
         if matches!(self, Self::Unauthenticated) {
             headers.push(("www-authenticate", "Bearer".to_owned()));
         }
-        let errors: &[FieldError] = match self {
-            Self::InvalidRequest { errors, .. } => errors,
-            _ => &[],
+        let extra = Extra {
+            errors: match self {
+                Self::InvalidRequest { errors, .. } => errors,
+                _ => &[],
+            },
+            refundable_amount: match self {
+                Self::RefundExceedsCharge { refundable_amount } => Some(*refundable_amount),
+                _ => None,
+            },
         };
         let problem = Problem::new(
             description.status,
             description.code,
             description.title,
             self.to_string(),
-            FieldErrors { errors },
+            extra,
         );
         // Field names and messages are plain strings: rendering cannot fail.
         // If it ever did, a problem without the field list is still honest.
@@ -207,7 +231,10 @@ impl ApiError {
                 description.code,
                 description.title,
                 self.to_string(),
-                FieldErrors { errors: &[] },
+                Extra {
+                    errors: &[],
+                    refundable_amount: None,
+                },
             )
             .to_body()
             .unwrap_or_default()
@@ -224,6 +251,12 @@ impl From<ServiceError> for ApiError {
                 retry_after_secs: retry_after.as_secs().max(1),
             },
             ServiceError::NotFound => Self::NotFound,
+            ServiceError::ChargeNotRefundable { status } => Self::ChargeNotRefundable {
+                status: status.as_str(),
+            },
+            ServiceError::RefundExceedsCharge { refundable } => Self::RefundExceedsCharge {
+                refundable_amount: refundable,
+            },
             ServiceError::Unavailable(_)
             | ServiceError::SchemaBehind { .. }
             | ServiceError::KeyContended => Self::ServiceUnavailable(error.into()),
@@ -268,10 +301,13 @@ impl<'a, T: Serialize> Problem<'a, T> {
     }
 }
 
+/// Members of a problem beyond the standard five, where a variant has them.
 #[derive(Serialize)]
-struct FieldErrors<'a> {
+struct Extra<'a> {
     #[serde(skip_serializing_if = "<[FieldError]>::is_empty")]
     errors: &'a [FieldError],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    refundable_amount: Option<i64>,
 }
 
 impl ResponseError for ApiError {

@@ -16,6 +16,7 @@ use crate::http::HttpLimits;
 use crate::processor::{self, PaymentProcessor};
 use crate::service::api_keys::ApiKeyCache;
 use crate::service::charges::Charges;
+use crate::service::refunds::Refunds;
 use crate::{http, workers};
 
 #[derive(Debug, thiserror::Error)]
@@ -142,6 +143,12 @@ impl Application {
         });
         let charges = Charges::new(
             background_db.clone(),
+            processor.clone(),
+            &settings.idempotency,
+            &settings.recovery,
+        );
+        let refunds = Refunds::new(
+            background_db.clone(),
             processor,
             &settings.idempotency,
             &settings.recovery,
@@ -153,7 +160,8 @@ impl Application {
         };
         let worker_connections = settings.database.pool_size.div_ceil(workers).max(1);
         let database = settings.database.clone();
-        let (shared_db, shared_charges) = (background_db.clone(), charges.clone());
+        let (shared_db, shared_charges, shared_refunds) =
+            (background_db.clone(), charges.clone(), refunds.clone());
         // Runs once on each worker thread, so each worker gets a pool of its
         // own (see `worker_database`).
         let server_limits = ServerLimits {
@@ -171,6 +179,7 @@ impl Application {
             let db = worker_database(&database, worker_connections, &shared_db);
             App::new()
                 .app_data(web::Data::new(shared_charges.with_database(db.clone())))
+                .app_data(web::Data::new(shared_refunds.with_database(db.clone())))
                 .app_data(web::Data::new(db))
                 .app_data(api_keys.clone())
                 .app_data(limits.clone())
@@ -193,6 +202,7 @@ impl Application {
             )),
             tokio::spawn(workers::recovery::run(
                 charges,
+                refunds,
                 settings.recovery.clone(),
                 stop.clone(),
             )),

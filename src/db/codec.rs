@@ -8,7 +8,7 @@ use tokio_postgres::types::{FromSql, Type};
 use tokio_postgres::Row;
 
 use super::DbError;
-use crate::domain::{Fingerprint, Status};
+use crate::domain::{Fingerprint, RefundReason, Status};
 
 /// Column `name` of `row`, decoded exactly; a missing column or a value that
 /// does not decode names the column in the error.
@@ -23,6 +23,17 @@ impl<'a> FromSql<'a> for Status {
     fn from_sql(ty: &Type, raw: &'a [u8]) -> Result<Self, BoxError> {
         let text = <&str as FromSql>::from_sql(ty, raw)?;
         Status::parse(text).ok_or_else(|| format!("unknown charge status {text:?}").into())
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        <&str as FromSql>::accepts(ty)
+    }
+}
+
+impl<'a> FromSql<'a> for RefundReason {
+    fn from_sql(ty: &Type, raw: &'a [u8]) -> Result<Self, BoxError> {
+        let text = <&str as FromSql>::from_sql(ty, raw)?;
+        RefundReason::parse(text).ok_or_else(|| format!("unknown refund reason {text:?}").into())
     }
 
     fn accepts(ty: &Type) -> bool {

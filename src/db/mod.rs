@@ -10,6 +10,7 @@
 pub mod charges;
 mod codec;
 pub mod merchants;
+pub mod refunds;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -297,6 +298,45 @@ impl Conn {
             self.client().execute(&prepared, params).await
         })
         .await
+    }
+}
+
+/// What a transaction's work decided.
+pub enum Decision<T> {
+    Commit(T),
+    Rollback(T),
+}
+
+impl Conn {
+    /// Runs `work` (statements on this connection) in one transaction: it
+    /// commits or rolls back as `work` decides, and rolls back on an error.
+    /// A connection left mid-transaction (a deadline, a cancelled caller) is
+    /// closed rather than pooled, which rolls it back on the server.
+    pub async fn transaction<T, F>(&self, work: F) -> Result<T, DbError>
+    where
+        F: std::future::Future<Output = Result<Decision<T>, DbError>>,
+    {
+        self.batch("BEGIN").await?;
+        match work.await {
+            Ok(Decision::Commit(value)) => {
+                self.batch("COMMIT").await?;
+                Ok(value)
+            }
+            Ok(Decision::Rollback(value)) => {
+                self.batch("ROLLBACK").await?;
+                Ok(value)
+            }
+            Err(error) => {
+                if self.batch("ROLLBACK").await.is_err() {
+                    self.broken.store(true, Ordering::Relaxed);
+                }
+                Err(error)
+            }
+        }
+    }
+
+    async fn batch(&self, sql: &str) -> Result<(), DbError> {
+        self.bounded(self.client().batch_execute(sql)).await
     }
 }
 

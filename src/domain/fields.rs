@@ -21,7 +21,7 @@ pub struct FieldError {
 }
 
 impl FieldError {
-    pub(crate) fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             field: field.into(),
             message: message.into(),

@@ -121,6 +121,8 @@ pub struct Refund {
     pub failure_message: Option<String>,
     pub locked_until: Option<DateTime<Utc>>,
     pub processor_attempts: i32,
+    /// The processor's id of the charge's payment, which this refunds.
+    pub processor_payment_id: String,
     pub created_at: DateTime<Utc>,
 }
 

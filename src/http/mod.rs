@@ -7,6 +7,8 @@ mod body;
 mod charges;
 pub mod demo;
 mod health;
+mod refunds;
+mod render;
 pub mod server;
 
 use actix_web::dev::{Service, ServiceRequest};
@@ -34,6 +36,22 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     .service(
         web::resource("/v1/charges/{id}")
             .route(web::get().to(charges::get))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/charges/{id}/refunds")
+            .route(web::post().to(refunds::create))
+            .route(web::get().to(refunds::list_of_charge))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/refunds")
+            .route(web::get().to(refunds::list))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/refunds/{id}")
+            .route(web::get().to(refunds::get))
             .default_service(web::to(method_not_allowed)),
     )
     .route("/healthz", web::get().to(health::healthz))

@@ -10,8 +10,14 @@
 //! - timeout: the payment is recorded, then the answer waits `hang_ms`
 //!   (past any sane client timeout).
 //!
-//! `GET /v1/payments` lists every recorded payment with its key and how many
-//! requests carried that key, for tests and benchmarks to audit.
+//! Refunds (`POST /v1/refunds`) follow the same rules: deduplicated by key,
+//! the same faults, a refund only of a succeeded payment and never beyond
+//! its amount (422 `refund_exceeds_payment`), declined `refund_declined`
+//! when the amount ends in `02`.
+//!
+//! `GET /v1/payments` and `GET /v1/refunds` list every recorded payment or
+//! refund with its key and how many requests carried that key, for tests
+//! and benchmarks to audit.
 
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -26,8 +32,8 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::json;
 
-use super::http::{PaymentAnswer, PaymentBody};
-use super::simulated_decline;
+use super::http::{PaymentAnswer, PaymentBody, RefundBody};
+use super::{simulated_decline, simulated_refund_decline};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimulatorOptions {
@@ -93,10 +99,34 @@ struct Recorded {
     idempotency_key: String,
 }
 
+/// What was made under each key, in order.
+#[derive(Default)]
+struct Book {
+    entries: Vec<Recorded>,
+    by_key: HashMap<String, usize>,
+}
+
+impl Book {
+    fn get(&self, key: &str) -> Option<&PaymentAnswer> {
+        self.by_key
+            .get(key)
+            .map(|&index| &self.entries[index].answer)
+    }
+
+    fn record(&mut self, key: String, answer: PaymentAnswer) {
+        self.by_key.insert(key.clone(), self.entries.len());
+        self.entries.push(Recorded {
+            answer,
+            idempotency_key: key,
+        });
+    }
+}
+
 #[derive(Default)]
 struct Ledger {
-    payments: Vec<Recorded>,
-    by_key: HashMap<String, usize>,
+    payments: Book,
+    refunds: Book,
+    /// Requests per key, faults included.
     requests: HashMap<String, u64>,
 }
 
@@ -143,6 +173,8 @@ pub fn build(options: SimulatorOptions, listener: TcpListener) -> std::io::Resul
             .app_data(web::PayloadConfig::new(64 * 1024))
             .route("/v1/payments", web::post().to(create_payment))
             .route("/v1/payments", web::get().to(list_payments))
+            .route("/v1/refunds", web::post().to(create_refund))
+            .route("/v1/refunds", web::get().to(list_refunds))
             .route(
                 "/healthz",
                 web::get().to(|| async { HttpResponse::Ok().json(json!({"status": "ok"})) }),
@@ -171,6 +203,112 @@ async fn create_payment(
     request: HttpRequest,
     body: web::Bytes,
 ) -> HttpResponse {
+    let Ok(payment) = serde_json::from_slice::<PaymentBody>(&body) else {
+        return error(StatusCode::BAD_REQUEST, "invalid_request");
+    };
+    handle(&simulator, &request, |ledger, key| {
+        if let Some(existing) = ledger.payments.get(&key) {
+            if existing.amount != payment.amount || existing.currency != payment.currency {
+                return Err((StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused"));
+            }
+            return Ok((existing.clone(), true));
+        }
+        let decline = simulated_decline(payment.amount);
+        let answer = answer("pay", payment.amount, payment.currency, None, decline);
+        ledger.payments.record(key, answer.clone());
+        Ok((answer, false))
+    })
+    .await
+}
+
+async fn create_refund(
+    simulator: web::Data<Simulator>,
+    request: HttpRequest,
+    body: web::Bytes,
+) -> HttpResponse {
+    let Ok(refund) = serde_json::from_slice::<RefundBody>(&body) else {
+        return error(StatusCode::BAD_REQUEST, "invalid_request");
+    };
+    handle(&simulator, &request, |ledger, key| {
+        if let Some(existing) = ledger.refunds.get(&key) {
+            if existing.amount != refund.amount
+                || existing.payment_id.as_deref() != Some(refund.payment_id.as_str())
+            {
+                return Err((StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused"));
+            }
+            return Ok((existing.clone(), true));
+        }
+        let Some(payment) = ledger
+            .payments
+            .entries
+            .iter()
+            .map(|recorded| &recorded.answer)
+            .find(|p| p.id == refund.payment_id && p.status == "succeeded")
+        else {
+            return Err((StatusCode::NOT_FOUND, "payment_not_found"));
+        };
+        let refunded: i64 = ledger
+            .refunds
+            .entries
+            .iter()
+            .map(|recorded| &recorded.answer)
+            .filter(|r| {
+                r.payment_id.as_deref() == Some(payment.id.as_str()) && r.status == "succeeded"
+            })
+            .map(|r| r.amount)
+            .sum();
+        if refunded + refund.amount > payment.amount {
+            return Err((StatusCode::UNPROCESSABLE_ENTITY, "refund_exceeds_payment"));
+        }
+        let decline = simulated_refund_decline(refund.amount);
+        let answer = answer(
+            "rf",
+            refund.amount,
+            refund.currency,
+            Some(refund.payment_id),
+            decline,
+        );
+        ledger.refunds.record(key, answer.clone());
+        Ok((answer, false))
+    })
+    .await
+}
+
+/// A new answer: succeeded, or declined with `decline`'s code and message.
+fn answer(
+    prefix: &str,
+    amount: i64,
+    currency: String,
+    payment_id: Option<String>,
+    decline: Option<(&str, &str)>,
+) -> PaymentAnswer {
+    PaymentAnswer {
+        id: format!("{prefix}_{}", uuid::Uuid::new_v4().simple()),
+        status: if decline.is_some() {
+            "declined"
+        } else {
+            "succeeded"
+        }
+        .to_owned(),
+        amount,
+        currency,
+        payment_id,
+        decline_code: decline.map(|(code, _)| code.to_owned()),
+        message: decline.map(|(_, message)| message.to_owned()),
+    }
+}
+
+/// What payments and refunds share: the key, the latency, the fault draw,
+/// the ledger under its lock (`decide` finds or records the answer, or
+/// refuses), then the answer with the drawn fault.
+async fn handle(
+    simulator: &Simulator,
+    request: &HttpRequest,
+    decide: impl FnOnce(
+        &mut Ledger,
+        String,
+    ) -> Result<(PaymentAnswer, bool), (StatusCode, &'static str)>,
+) -> HttpResponse {
     let Some(key) = request
         .headers()
         .get("idempotency-key")
@@ -179,9 +317,6 @@ async fn create_payment(
         .map(str::to_owned)
     else {
         return error(StatusCode::BAD_REQUEST, "idempotency_key_missing");
-    };
-    let Ok(payment) = serde_json::from_slice::<PaymentBody>(&body) else {
-        return error(StatusCode::BAD_REQUEST, "invalid_request");
     };
     if simulator.options.latency_ms > 0 {
         tokio::time::sleep(Duration::from_millis(simulator.options.latency_ms)).await;
@@ -193,38 +328,9 @@ async fn create_payment(
         if fault == Fault::Error {
             return error(StatusCode::SERVICE_UNAVAILABLE, "injected_failure");
         }
-        match ledger.by_key.get(&key).copied() {
-            Some(index) => {
-                let existing = &ledger.payments[index].answer;
-                if existing.amount != payment.amount || existing.currency != payment.currency {
-                    return error(StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused");
-                }
-                (existing.clone(), true)
-            }
-            None => {
-                let decline = simulated_decline(payment.amount);
-                let answer = PaymentAnswer {
-                    id: format!("pay_{}", uuid::Uuid::new_v4().simple()),
-                    status: if decline.is_some() {
-                        "declined"
-                    } else {
-                        "succeeded"
-                    }
-                    .to_owned(),
-                    amount: payment.amount,
-                    currency: payment.currency,
-                    payment_id: None,
-                    decline_code: decline.map(|(code, _)| code.to_owned()),
-                    message: decline.map(|(_, message)| message.to_owned()),
-                };
-                let index = ledger.payments.len();
-                ledger.payments.push(Recorded {
-                    answer: answer.clone(),
-                    idempotency_key: key.clone(),
-                });
-                ledger.by_key.insert(key, index);
-                (answer, false)
-            }
+        match decide(&mut ledger, key) {
+            Ok(decided) => decided,
+            Err((status, code)) => return error(status, code),
         }
     };
     let status = if answer.status == "succeeded" {
@@ -257,9 +363,17 @@ async fn create_payment(
 }
 
 async fn list_payments(simulator: web::Data<Simulator>) -> HttpResponse {
+    list(&simulator, |ledger| &ledger.payments)
+}
+
+async fn list_refunds(simulator: web::Data<Simulator>) -> HttpResponse {
+    list(&simulator, |ledger| &ledger.refunds)
+}
+
+fn list(simulator: &Simulator, book: impl Fn(&Ledger) -> &Book) -> HttpResponse {
     let ledger = simulator.ledger();
-    let data: Vec<_> = ledger
-        .payments
+    let data: Vec<_> = book(&ledger)
+        .entries
         .iter()
         .map(|payment| {
             let mut entry = serde_json::to_value(payment).unwrap_or_default();

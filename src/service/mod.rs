@@ -33,6 +33,11 @@ pub enum ServiceError {
     KeyContended,
     #[error("no such resource")]
     NotFound,
+    /// Only a succeeded charge can be refunded.
+    #[error("the charge is {} and cannot be refunded", status.as_str())]
+    ChargeNotRefundable { status: crate::domain::Status },
+    #[error("the refund is more than what remains refundable ({refundable})")]
+    RefundExceedsCharge { refundable: i64 },
     #[error("a charge task failed")]
     TaskFailed(#[source] tokio::task::JoinError),
 }

@@ -1,1 +1,248 @@
+//! Refunds: created exactly once per key and never beyond their charge,
+//! then finished by the lifecycle engine (`super::lifecycle`) like charges.
+//! The refund's own step is its creation (`db::refunds::create`): the amount
+//! is reserved on the charge and the row inserted in one transaction, so two
+//! clients racing for the same money with different keys cannot both have
+//! it; PostgreSQL decides, under the charge's row lock.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::config::{IdempotencySettings, RecoverySettings};
+use crate::db::refunds::Created;
+use crate::db::{self, Conn, Database, DbError};
+use crate::domain::{
+    ChargeId, IdempotencyKey, MerchantId, NewRefund, Outcome, Refund, RefundId, RequestFingerprint,
+    Status,
+};
+use crate::processor::{PaymentProcessor, ProcessorReply, RefundRequest};
+
+use super::lifecycle::{Kind, Lifecycle, Record, Reply};
+use super::ServiceError;
+
+/// A refund to answer with (see `lifecycle::Reply`).
+pub type RefundReply = Reply<Refund>;
+
+/// How often a key may vanish under a request before it gives up with 503.
+const MAX_KEY_ROUNDS: usize = 3;
+
+/// The refund flows. Cheap to clone.
+#[derive(Clone)]
+pub struct Refunds {
+    flow: Lifecycle<RefundKind>,
+}
+
+impl Refunds {
+    pub fn new(
+        db: Database,
+        processor: Arc<dyn PaymentProcessor>,
+        idempotency: &IdempotencySettings,
+        recovery: &RecoverySettings,
+    ) -> Self {
+        Self {
+            flow: Lifecycle::new(RefundKind, db, processor, idempotency, recovery),
+        }
+    }
+
+    /// The same flows on another pool (each HTTP worker thread has its own).
+    pub fn with_database(&self, db: Database) -> Self {
+        Self {
+            flow: self.flow.with_database(db),
+        }
+    }
+
+    pub async fn create(
+        &self,
+        merchant: MerchantId,
+        charge: ChargeId,
+        key: &IdempotencyKey,
+        fingerprint: RequestFingerprint,
+        request: &NewRefund,
+    ) -> Result<RefundReply, ServiceError> {
+        for _ in 0..MAX_KEY_ROUNDS {
+            let id = RefundId::new();
+            let started = Instant::now();
+            let created = async {
+                let conn = self.flow.db.conn().await?;
+                db::refunds::create(
+                    &conn,
+                    id,
+                    merchant,
+                    charge,
+                    key,
+                    &fingerprint.current,
+                    request,
+                    self.flow.lease,
+                )
+                .await
+            }
+            .await;
+            let (refund, created) = match created {
+                Ok(Created::New(refund)) => (refund, true),
+                Ok(Created::Existing(refund)) => (refund, false),
+                Ok(Created::NoCharge) => return Err(ServiceError::NotFound),
+                Ok(Created::NotRefundable(status)) => {
+                    return Err(ServiceError::ChargeNotRefundable { status })
+                }
+                Ok(Created::Exceeds { refundable }) => {
+                    return Err(ServiceError::RefundExceedsCharge { refundable })
+                }
+                Err(error) => {
+                    if error.is_ambiguous() {
+                        self.flow
+                            .forget_unconfirmed(merchant, *id.as_uuid(), id.to_string());
+                    }
+                    return Err(error.into());
+                }
+            };
+            // The key belongs to another refund (or another charge's): a
+            // client bug. Never execute it.
+            if !fingerprint.matches(&refund.fingerprint) || refund.charge_id != charge {
+                return Err(ServiceError::KeyReused);
+            }
+            if let Some(reply) = self.flow.continue_with(refund, created, started).await? {
+                return Ok(reply);
+            }
+        }
+        Err(ServiceError::KeyContended)
+    }
+
+    pub async fn get(&self, merchant: MerchantId, id: RefundId) -> Result<Refund, ServiceError> {
+        self.flow.find(merchant, *id.as_uuid()).await
+    }
+
+    /// Up to `limit` refunds, newest first, after `starting_after`; of one
+    /// charge if `charge` is given (which must be the merchant's).
+    pub async fn list(
+        &self,
+        merchant: MerchantId,
+        charge: Option<ChargeId>,
+        limit: i64,
+        starting_after: Option<RefundId>,
+    ) -> Result<Vec<Refund>, ServiceError> {
+        let conn = self.flow.db.conn().await?;
+        if let Some(charge) = charge {
+            db::charges::find(&conn, merchant, charge)
+                .await?
+                .ok_or(ServiceError::NotFound)?;
+        }
+        Ok(db::refunds::list(&conn, merchant, charge, limit, starting_after).await?)
+    }
+
+    /// Finishes abandoned refunds; see `Lifecycle::recover_abandoned`.
+    pub async fn recover_abandoned(&self, batch: i64) -> Result<usize, ServiceError> {
+        self.flow.recover_abandoned(batch).await
+    }
+}
+
+impl Record for Refund {
+    fn uuid(&self) -> Uuid {
+        *self.id.as_uuid()
+    }
+
+    fn public_id(&self) -> String {
+        self.id.to_string()
+    }
+
+    fn merchant(&self) -> MerchantId {
+        self.merchant_id
+    }
+
+    fn status(&self) -> Status {
+        self.status
+    }
+
+    fn lease(&self) -> Option<DateTime<Utc>> {
+        self.locked_until
+    }
+
+    fn processor_attempts(&self) -> i32 {
+        self.processor_attempts
+    }
+}
+
+/// Refunds for the lifecycle engine: `db::refunds` and a refund call.
+pub struct RefundKind;
+
+#[async_trait]
+impl Kind for RefundKind {
+    type Record = Refund;
+    const NAME: &'static str = "refund";
+
+    async fn find(
+        &self,
+        conn: &Conn,
+        merchant: MerchantId,
+        id: Uuid,
+    ) -> Result<Option<Refund>, DbError> {
+        db::refunds::find(conn, merchant, RefundId::from_uuid(id)).await
+    }
+
+    async fn take_over_or_read(
+        &self,
+        conn: &Conn,
+        id: Uuid,
+        lease: Duration,
+    ) -> Result<Option<(Refund, bool)>, DbError> {
+        db::refunds::take_over_or_read(conn, RefundId::from_uuid(id), lease).await
+    }
+
+    async fn claim_abandoned(
+        &self,
+        conn: &Conn,
+        lease: Duration,
+        batch: i64,
+    ) -> Result<Vec<Refund>, DbError> {
+        db::refunds::claim_abandoned(conn, lease, batch).await
+    }
+
+    async fn record_outcome(
+        &self,
+        conn: &Conn,
+        refund: &Refund,
+        outcome: &Outcome,
+    ) -> Result<Option<Refund>, DbError> {
+        db::refunds::record_outcome(conn, refund, outcome).await
+    }
+
+    async fn record_unknown(
+        &self,
+        conn: &Conn,
+        refund: &Refund,
+        retry_in: Duration,
+    ) -> Result<Option<Refund>, DbError> {
+        match refund.locked_until {
+            Some(lease) => db::refunds::record_unknown(conn, refund, lease, retry_in).await,
+            None => Ok(None),
+        }
+    }
+
+    async fn forget_unconfirmed(
+        &self,
+        conn: &Conn,
+        merchant: MerchantId,
+        id: Uuid,
+    ) -> Result<bool, DbError> {
+        db::refunds::forget_unconfirmed(conn, merchant, RefundId::from_uuid(id)).await
+    }
+
+    async fn call_processor(
+        &self,
+        processor: &dyn PaymentProcessor,
+        refund: &Refund,
+    ) -> ProcessorReply {
+        processor
+            .refund(&RefundRequest {
+                idempotency_key: &refund.id.processor_idempotency_key(),
+                payment_id: &refund.processor_payment_id,
+                amount: refund.amount,
+                currency: &refund.currency,
+            })
+            .await
+    }
+}

@@ -1,4 +1,5 @@
-//! The retention sweeper: releases idempotency keys older than
+//! The retention sweeper: releases idempotency keys (of charges and of
+//! refunds) older than
 //! `idempotency.retention_hours`, in bounded batches, so the unique index
 //! stays small and a key may be used again after the retention window. The
 //! charges themselves stay.
@@ -38,12 +39,19 @@ pub async fn sweep(db: &Database, settings: &IdempotencySettings) -> Result<u64,
         chrono::Duration::from_std(settings.retention()).unwrap_or(chrono::Duration::MAX);
     let cutoff = Utc::now() - retention;
     let conn = db.conn().await?;
+    let batch = settings.sweep_batch_size;
     let mut total = 0;
     for _ in 0..MAX_BATCHES_PER_ROUND {
-        let released =
-            db::charges::release_expired_keys(&conn, cutoff, settings.sweep_batch_size).await?;
+        let released = db::charges::release_expired_keys(&conn, cutoff, batch).await?;
         total += released;
-        if released < settings.sweep_batch_size as u64 {
+        if released < batch as u64 {
+            break;
+        }
+    }
+    for _ in 0..MAX_BATCHES_PER_ROUND {
+        let released = db::refunds::release_expired_keys(&conn, cutoff, batch).await?;
+        total += released;
+        if released < batch as u64 {
             break;
         }
     }

@@ -163,6 +163,36 @@ impl TestApp {
         .await
     }
 
+    /// POST /v1/charges/{charge}/refunds as this app's merchant.
+    pub async fn post_refund(&self, charge: &str, key: &str, body: &str) -> Reply {
+        self.post_refund_as(&self.api_key, charge, key, body).await
+    }
+
+    pub async fn post_refund_as(
+        &self,
+        api_key: &str,
+        charge: &str,
+        key: &str,
+        body: &str,
+    ) -> Reply {
+        self.send(
+            self.http
+                .post(format!("{}/v1/charges/{charge}/refunds", self.address))
+                .bearer_auth(api_key)
+                .header("Idempotency-Key", key)
+                .header("Content-Type", "application/json")
+                .body(body.to_owned()),
+        )
+        .await
+    }
+
+    /// A succeeded charge of `amount`; its id.
+    pub async fn succeeded_charge(&self, key: &str, amount: i64) -> String {
+        let reply = self.post_charge(key, &charge_body(amount)).await;
+        assert_eq!(reply.status, 201, "{}", reply.body);
+        reply.json()["id"].as_str().unwrap().to_owned()
+    }
+
     /// POST /v1/charges with exactly the given headers.
     pub async fn post_charge_raw(&self, headers: &[(&str, &str)], body: Vec<u8>) -> Reply {
         let mut request = self

@@ -14,6 +14,7 @@ mod processes;
 mod processor;
 mod processor_stub;
 mod recovery;
+mod refunds;
 mod retention;
 mod tenancy;
 mod unavailable;

@@ -320,7 +320,11 @@ async fn two_instances_racing_for_one_key_make_one_charge_and_one_payment() {
     let db = Database::migrated().await;
     let secret = db.create_merchant().await;
     let psp = start_psp_sim(&["--latency-ms", "200"]).await;
-    let env = http_processor_env(&psp);
+    let mut env = http_processor_env(&psp);
+    // Room for a slow machine: the winner's call must not time out and be
+    // repeated, or the count below would not tell who called.
+    env.push(("CHARGEONCE__PROCESSOR__TIMEOUT_MS", "2000".to_owned()));
+    env.push(("CHARGEONCE__IDEMPOTENCY__LEASE_MS", "10000".to_owned()));
     let (a, b) = tokio::join!(start_service(&db.url, &env), start_service(&db.url, &env));
     let http = reqwest::Client::new();
     let body = charge_body(5000);

@@ -60,3 +60,48 @@ async fn the_sweeper_releases_only_expired_keys() {
     assert_eq!(replay.body, recent.body);
     assert_eq!(replay.header("idempotent-replayed"), Some("true"));
 }
+
+#[tokio::test]
+async fn refund_keys_are_released_after_retention_too() {
+    let app = spawn_app_with(|s| s.idempotency.sweep_interval = Duration::from_millis(100)).await;
+    let charge = app.succeeded_charge("charge", 1000).await;
+    let recent = app
+        .post_refund(&charge, "recent", r#"{"amount":100}"#)
+        .await;
+    assert_eq!(recent.status, 201);
+    let two_days_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        - 48 * 3600;
+    let old_id = Uuid::new_v7(Timestamp::from_unix(NoContext, two_days_ago, 0));
+    app.sql()
+        .await
+        .execute(
+            "INSERT INTO refunds (id, merchant_id, charge_id, client_idempotency_key, \
+                                  request_fingerprint, amount, currency, status, \
+                                  processor_payment_id) \
+             SELECT $1, merchant_id, id, 'old', sha256('x'), 100, 'USD', 'succeeded', 'pay_x' \
+               FROM charges",
+            &[&old_id],
+        )
+        .await
+        .unwrap();
+    let mut waited = Duration::ZERO;
+    while app
+        .count("SELECT count(*) FROM refunds WHERE client_idempotency_key = 'old'")
+        .await
+        > 0
+    {
+        assert!(
+            waited < Duration::from_secs(5),
+            "the old refund key was kept"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += Duration::from_millis(50);
+    }
+    let replay = app
+        .post_refund(&charge, "recent", r#"{"amount":100}"#)
+        .await;
+    assert_eq!(replay.body, recent.body, "the recent key is still held");
+}

@@ -1,0 +1,549 @@
+//! Refunds: idempotent like charges, and never beyond their charge, even
+//! when many clients with different keys race for the same money.
+
+use std::collections::HashMap;
+
+use serde_json::{json, Value};
+
+use crate::helpers::{charge_body, spawn_app, spawn_app_with, Reply};
+use crate::processes::{start_service, Database};
+
+#[tokio::test]
+async fn a_charge_is_refunded_in_parts_and_never_beyond_its_amount() {
+    let app = spawn_app().await;
+    let created = app.post_charge("order-1", &charge_body(1000)).await;
+    let charge = created.json()["id"].as_str().unwrap().to_owned();
+
+    let first = app
+        .post_refund(
+            &charge,
+            "refund-1",
+            r#"{"amount":300,"reason":"requested_by_customer","metadata":{"ticket":"7"}}"#,
+        )
+        .await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    let refund = first.json();
+    assert!(refund["id"].as_str().unwrap().starts_with("re_"));
+    assert_eq!(refund["object"], "refund");
+    assert_eq!(refund["charge"], charge.as_str());
+    assert_eq!(refund["amount"], 300);
+    assert_eq!(refund["currency"], "USD");
+    assert_eq!(refund["status"], "succeeded");
+    assert_eq!(refund["reason"], "requested_by_customer");
+    assert_eq!(refund["metadata"], json!({"ticket": "7"}));
+    assert_eq!(
+        first.header("location"),
+        Some(format!("/v1/refunds/{}", refund["id"].as_str().unwrap()).as_str())
+    );
+
+    let current = app.get(&format!("/v1/charges/{charge}")).await.json();
+    assert_eq!(current["amount_refunded"], 300);
+    assert_eq!(current["refunded"], false);
+
+    // No amount: what remains.
+    let rest = app.post_refund(&charge, "refund-2", "{}").await;
+    assert_eq!(rest.status, 201, "{}", rest.body);
+    assert_eq!(rest.json()["amount"], 700);
+    let current = app.get(&format!("/v1/charges/{charge}")).await.json();
+    assert_eq!(current["amount_refunded"], 1000);
+    assert_eq!(current["refunded"], true);
+
+    let over = app
+        .post_refund(&charge, "refund-3", r#"{"amount":1}"#)
+        .await;
+    let problem = over.assert_problem(400, "refund_exceeds_charge");
+    assert_eq!(problem["refundable_amount"], 0);
+    let none_left = app.post_refund(&charge, "refund-4", "{}").await;
+    none_left.assert_problem(400, "refund_exceeds_charge");
+
+    // A replay of the charge's creation is still its first answer; GET
+    // shows the charge as it is now.
+    let replay = app.post_charge("order-1", &charge_body(1000)).await;
+    assert_eq!(replay.body, created.body);
+    assert_eq!(replay.json()["amount_refunded"], 0);
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+
+    assert_eq!(
+        app.count("SELECT count(*) FROM events WHERE type = 'refund.succeeded'")
+            .await,
+        2
+    );
+    assert_eq!(app.processor.calls(), 3, "one charge, two refunds");
+}
+
+#[tokio::test]
+async fn refunds_are_idempotent_in_their_own_key_space() {
+    let app = spawn_app().await;
+    let charge = app.succeeded_charge("shared-key", 1000).await;
+    let other = app.succeeded_charge("other-charge", 500).await;
+
+    // The key of a charge is free for a refund: separate key spaces.
+    let first = app
+        .post_refund(&charge, "shared-key", r#"{"amount":100}"#)
+        .await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    for _ in 0..3 {
+        let replay = app
+            .post_refund(&charge, "shared-key", r#"{"metadata":{},"amount":100}"#)
+            .await;
+        assert_eq!(replay.status, 201);
+        assert_eq!(replay.body, first.body);
+        assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    }
+    app.post_refund(&charge, "shared-key", r#"{"amount":101}"#)
+        .await
+        .assert_problem(422, "idempotency_key_reused");
+    // The same key with the same body on another charge is another request.
+    app.post_refund(&other, "shared-key", r#"{"amount":100}"#)
+        .await
+        .assert_problem(422, "idempotency_key_reused");
+    app.post_refund(&charge, "no-key", r#"{"amount":100}"#)
+        .await;
+    let missing = app
+        .http
+        .post(format!("{}/v1/charges/{charge}/refunds", app.address))
+        .bearer_auth(&app.api_key)
+        .header("Content-Type", "application/json")
+        .body(r#"{"amount":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 400);
+
+    let reserved: i64 = app
+        .sql()
+        .await
+        .query_one(
+            "SELECT refunds_reserved FROM charges WHERE client_idempotency_key = 'shared-key'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(reserved, 200, "a replay reserves nothing");
+}
+
+#[tokio::test]
+async fn only_succeeded_charges_can_be_refunded_and_only_ones_own() {
+    let app = spawn_app().await;
+    let declined = app.post_charge("declined", &charge_body(1002)).await;
+    let declined_id = declined.json()["charge_id"].as_str().unwrap().to_owned();
+    let problem = app
+        .post_refund(&declined_id, "r1", "{}")
+        .await
+        .assert_problem(400, "charge_not_refundable");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("failed"),
+        "{problem}"
+    );
+
+    // The simulated processor times out once on amounts ending in 09: pending.
+    let pending = app.post_charge("pending", &charge_body(1009)).await;
+    assert_eq!(pending.status, 202);
+    let pending_id = pending.json()["id"].as_str().unwrap().to_owned();
+    app.post_refund(&pending_id, "r2", "{}")
+        .await
+        .assert_problem(400, "charge_not_refundable");
+
+    let charge = app.succeeded_charge("mine", 1000).await;
+    let stranger = app.create_merchant("Someone else").await;
+    app.post_refund_as(&stranger, &charge, "r3", "{}")
+        .await
+        .assert_problem(404, "not_found");
+    app.post_refund("ch_00000000000000000000000000000000", "r4", "{}")
+        .await
+        .assert_problem(404, "not_found");
+    app.post_refund("nonsense", "r5", "{}")
+        .await
+        .assert_problem(404, "not_found");
+    let refund = app
+        .post_refund(&charge, "r6", r#"{"amount":10}"#)
+        .await
+        .json();
+    let refund_path = format!("/v1/refunds/{}", refund["id"].as_str().unwrap());
+    assert_eq!(app.get(&refund_path).await.status, 200);
+    app.get_as(&stranger, &refund_path)
+        .await
+        .assert_problem(404, "not_found");
+    app.get_as(&stranger, &format!("/v1/charges/{charge}/refunds"))
+        .await
+        .assert_problem(404, "not_found");
+
+    for bad in [
+        r#"{"amount":0}"#,
+        r#"{"amount":-5}"#,
+        r#"{"amount":"5"}"#,
+        r#"{"reason":"bored"}"#,
+        r#"{"amount":5,"currency":"USD"}"#,
+        r#"{"amount":5,"amount":6}"#,
+    ] {
+        app.post_refund(&charge, "bad", bad)
+            .await
+            .assert_problem(400, "invalid_request");
+    }
+}
+
+#[tokio::test]
+async fn a_declined_refund_gives_its_amount_back() {
+    let app = spawn_app().await;
+    let charge = app.succeeded_charge("c", 1000).await;
+    // The simulated processor declines refund amounts ending in 02.
+    let declined = app
+        .post_refund(&charge, "declined", r#"{"amount":502}"#)
+        .await;
+    let problem = declined.assert_problem(402, "refund_declined");
+    assert_eq!(problem["refund"]["status"], "failed");
+    assert_eq!(problem["refund_id"], problem["refund"]["id"]);
+    let replay = app
+        .post_refund(&charge, "declined", r#"{"amount":502}"#)
+        .await;
+    assert_eq!(replay.body, declined.body);
+
+    let full = app.post_refund(&charge, "full", "{}").await;
+    assert_eq!(full.status, 201, "{}", full.body);
+    assert_eq!(full.json()["amount"], 1000, "the declined amount came back");
+    assert_eq!(
+        app.count("SELECT count(*) FROM events WHERE type = 'refund.failed'")
+            .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_refund_outcome_is_202_and_a_retry_finishes_it() {
+    let app = spawn_app().await;
+    let charge = app.succeeded_charge("c", 1000).await;
+    let first = app.post_refund(&charge, "slow", r#"{"amount":209}"#).await;
+    assert_eq!(first.status, 202, "{}", first.body);
+    assert_eq!(first.json()["status"], "pending");
+    // Pending counts against the charge: only 791 are left meanwhile.
+    app.post_refund(&charge, "too-much", r#"{"amount":792}"#)
+        .await
+        .assert_problem(400, "refund_exceeds_charge");
+
+    let retry = app.post_refund(&charge, "slow", r#"{"amount":209}"#).await;
+    assert_eq!(retry.status, 201, "{}", retry.body);
+    assert_eq!(retry.json()["id"], first.json()["id"]);
+    let types: Vec<String> = app
+        .sql()
+        .await
+        .query(
+            "SELECT type FROM events WHERE refund_id IS NOT NULL ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(types, ["refund.pending", "refund.succeeded"]);
+}
+
+#[tokio::test]
+async fn refunds_are_listed_newest_first_per_charge_and_overall() {
+    let app = spawn_app().await;
+    let a = app.succeeded_charge("a", 1000).await;
+    let b = app.succeeded_charge("b", 1000).await;
+    let mut ids = Vec::new();
+    for (i, charge) in [&a, &b, &a, &b, &a].into_iter().enumerate() {
+        let reply = app
+            .post_refund(charge, &format!("r{i}"), r#"{"amount":10}"#)
+            .await;
+        ids.push(reply.json()["id"].as_str().unwrap().to_owned());
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let listed = |page: &Value| -> Vec<String> {
+        page["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let all = app.get("/v1/refunds?limit=3").await.json();
+    assert_eq!(
+        listed(&all),
+        [ids[4].clone(), ids[3].clone(), ids[2].clone()]
+    );
+    assert_eq!(all["has_more"], true);
+    let rest = app
+        .get(&format!("/v1/refunds?starting_after={}", ids[2]))
+        .await
+        .json();
+    assert_eq!(listed(&rest), [ids[1].clone(), ids[0].clone()]);
+    assert_eq!(rest["has_more"], false);
+    let of_a = app.get(&format!("/v1/charges/{a}/refunds")).await.json();
+    assert_eq!(
+        listed(&of_a),
+        [ids[4].clone(), ids[2].clone(), ids[0].clone()]
+    );
+    app.get("/v1/refunds?starting_after=ch_00000000000000000000000000000000")
+        .await
+        .assert_problem(400, "invalid_request");
+}
+
+/// 50 clients refund 100 each, with 50 different keys, from one charge of
+/// 1,000 at the same moment: exactly 10 succeed and 40 are told what is left
+/// (nothing), every time, and the charge's books agree with its refunds.
+#[tokio::test]
+async fn fifty_concurrent_refunds_with_different_keys_never_over_refund() {
+    let app = spawn_app_with(|s| s.processor.latency = std::time::Duration::from_millis(5)).await;
+    for round in 0..20 {
+        let charge = app.succeeded_charge(&format!("charge-{round}"), 1000).await;
+        let replies: Vec<Reply> = futures_util::future::join_all((0..50).map(|i| {
+            let (app, charge) = (&app, &charge);
+            async move {
+                app.post_refund(charge, &format!("r-{round}-{i}"), r#"{"amount":100}"#)
+                    .await
+            }
+        }))
+        .await;
+        let mut statuses: HashMap<u16, usize> = HashMap::new();
+        for reply in &replies {
+            *statuses.entry(reply.status.as_u16()).or_default() += 1;
+            if reply.status == 400 {
+                assert_eq!(
+                    reply.assert_problem(400, "refund_exceeds_charge")["refundable_amount"],
+                    0
+                );
+            }
+        }
+        assert_eq!(statuses.get(&201), Some(&10), "round {round}: {statuses:?}");
+        assert_eq!(statuses.get(&400), Some(&40), "round {round}: {statuses:?}");
+    }
+    let books = app
+        .sql()
+        .await
+        .query(
+            "SELECT c.refunds_reserved, c.amount_refunded, \
+                    (SELECT coalesce(sum(amount), 0)::bigint FROM refunds r WHERE r.charge_id = c.id) \
+               FROM charges c",
+            &[],
+        )
+        .await
+        .unwrap();
+    for row in books {
+        let (reserved, refunded, sum): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        assert_eq!((reserved, refunded, sum), (1000, 1000, 1000));
+    }
+}
+
+/// The same race across two service instances (real processes) sharing one
+/// database: PostgreSQL decides, not either instance.
+#[tokio::test]
+async fn concurrent_refunds_across_two_instances_never_over_refund() {
+    let db = Database::migrated().await;
+    let secret = db.create_merchant().await;
+    let (a, b) = tokio::join!(start_service(&db.url, &[]), start_service(&db.url, &[]));
+    let http = reqwest::Client::new();
+    let post = |base: &str, path: String, key: String, body: &'static str| {
+        http.post(format!("{base}{path}"))
+            .bearer_auth(&secret)
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+    };
+    for round in 0..20 {
+        let charge: Value = post(
+            &a.url,
+            "/v1/charges".into(),
+            format!("c{round}"),
+            r#"{"amount":1000,"currency":"USD"}"#,
+        )
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+        let id = charge["id"].as_str().unwrap().to_owned();
+        let replies = futures_util::future::join_all((0..50).map(|i| {
+            let base = if i % 2 == 0 { &a.url } else { &b.url };
+            post(
+                base,
+                format!("/v1/charges/{id}/refunds"),
+                format!("r{round}-{i}"),
+                r#"{"amount":100}"#,
+            )
+        }))
+        .await;
+        let created = replies
+            .iter()
+            .filter(|r| r.as_ref().unwrap().status() == 201)
+            .count();
+        let exceeded = replies
+            .iter()
+            .filter(|r| r.as_ref().unwrap().status() == 400)
+            .count();
+        assert_eq!((created, exceeded), (10, 40), "round {round}");
+    }
+}
+
+/// A refund's process dies after the processor refunded, before the outcome
+/// was recorded. The client's retry with the same key (or, if the client is
+/// gone, the recovery worker) takes the lease over and asks the processor
+/// again with the refund's own key: one refund at the processor, recorded
+/// once.
+#[cfg(feature = "crash-points")]
+#[tokio::test]
+async fn a_refund_interrupted_by_a_crash_is_finished_once() {
+    use crate::processes::{http_processor_env, start_psp_sim};
+    use std::time::{Duration, Instant};
+
+    for client_retries in [true, false] {
+        let db = Database::migrated().await;
+        let secret = db.create_merchant().await;
+        let psp = start_psp_sim(&[]).await;
+        let mut env = http_processor_env(&psp);
+        let interval = if client_retries { "600000" } else { "100" };
+        env.push(("CHARGEONCE__RECOVERY__INTERVAL_MS", interval.to_owned()));
+        let http = reqwest::Client::new();
+        let post = |base: &str, path: String, key: &str, body: &'static str| {
+            http.post(format!("{base}{path}"))
+                .bearer_auth(&secret)
+                .header("Idempotency-Key", key)
+                .header("Content-Type", "application/json")
+                .body(body)
+                .send()
+        };
+        let service = start_service(&db.url, &env).await;
+        let charge: Value = post(
+            &service.url,
+            "/v1/charges".into(),
+            "c",
+            r#"{"amount":1000,"currency":"USD"}"#,
+        )
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+        let path = format!("/v1/charges/{}/refunds", charge["id"].as_str().unwrap());
+        drop(service);
+
+        let mut crashing_env = env.clone();
+        crashing_env.push(("CHARGEONCE_CRASH_AT", "after_processor_reply".to_owned()));
+        let mut crashing = start_service(&db.url, &crashing_env).await;
+        assert!(
+            post(&crashing.url, path.clone(), "refund", r#"{"amount":400}"#)
+                .await
+                .is_err()
+        );
+        assert!(crashing.wait_exit(Duration::from_secs(5)).await.is_some());
+
+        let restarted = start_service(&db.url, &env).await;
+        let started = Instant::now();
+        let answer = loop {
+            if client_retries || started.elapsed() > Duration::from_secs(3) {
+                let reply = post(&restarted.url, path.clone(), "refund", r#"{"amount":400}"#)
+                    .await
+                    .unwrap();
+                if reply.status() != 409 && reply.status() != 202 {
+                    break reply;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "never finished"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(answer.status(), 201, "client retries: {client_retries}");
+        let refunds: Value = reqwest::get(format!("{}/v1/refunds", psp.url))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let refunds = refunds["data"].as_array().unwrap();
+        assert_eq!(refunds.len(), 1, "one refund at the processor: {refunds:?}");
+        assert!(
+            refunds[0]["requests"].as_u64().unwrap() >= 2,
+            "asked again after the crash"
+        );
+        let client = db.client().await;
+        let row = client
+            .query_one(
+                "SELECT refunds_reserved, amount_refunded, \
+                        (SELECT count(*) FROM events WHERE type = 'refund.succeeded') \
+                   FROM charges",
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                row.get::<_, i64>(0),
+                row.get::<_, i64>(1),
+                row.get::<_, i64>(2)
+            ),
+            (400, 400, 1)
+        );
+    }
+}
+
+/// The undo of a refund insert whose commit was unconfirmed (the 503 path,
+/// as for charges): the row goes and its reservation comes back, in one
+/// statement; a refund someone already works on is left alone.
+#[tokio::test]
+async fn undoing_an_unconfirmed_refund_gives_the_reservation_back() {
+    use chargeonce::db::refunds::{self, Created};
+    use chargeonce::domain::{ChargeId, IdempotencyKey, MerchantId, NewRefund, RefundId};
+
+    let app = spawn_app().await;
+    let charge = app.succeeded_charge("c", 1000).await;
+    let charge = ChargeId::parse(&charge).unwrap();
+    let merchant: uuid::Uuid = app
+        .sql()
+        .await
+        .query_one("SELECT merchant_id FROM charges", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let merchant = MerchantId::from_uuid(merchant);
+    let conn = app.db.conn().await.unwrap();
+    let request = NewRefund::parse(&json!({"amount": 600})).unwrap();
+    let create = |id, key: &str| {
+        let key = IdempotencyKey::parse(key).unwrap();
+        let (conn, request) = (&conn, &request);
+        async move {
+            refunds::create(
+                conn,
+                id,
+                merchant,
+                charge,
+                &key,
+                &chargeonce::domain::Fingerprint::of(&json!({})),
+                request,
+                std::time::Duration::from_secs(600),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let id = RefundId::new();
+    assert!(matches!(create(id, "unconfirmed").await, Created::New(_)));
+    let reserved = || async { app.count("SELECT refunds_reserved FROM charges").await };
+    assert_eq!(reserved().await, 600);
+    assert!(refunds::forget_unconfirmed(&conn, merchant, id)
+        .await
+        .unwrap());
+    assert_eq!(reserved().await, 0);
+    assert_eq!(app.count("SELECT count(*) FROM refunds").await, 0);
+
+    // Once a takeover or an attempt touched it, the row stays.
+    let id = RefundId::new();
+    assert!(matches!(create(id, "worked-on").await, Created::New(_)));
+    app.sql()
+        .await
+        .execute(
+            "UPDATE refunds SET updated_at = now() + interval '1 second'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(!refunds::forget_unconfirmed(&conn, merchant, id)
+        .await
+        .unwrap());
+    assert_eq!(reserved().await, 600);
+}
