@@ -80,6 +80,7 @@ pub struct DatabaseSettings {
     #[serde(rename = "query_timeout_ms")]
     #[serde_as(as = "DurationMilliSeconds<u64>")]
     pub query_timeout: Duration,
+    pub prepared_statements: bool,
     pub migrate_on_start: bool,
 }
 

@@ -111,21 +111,25 @@ impl DbError {
 fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, DbError> {
     let mut config: tokio_postgres::Config =
         settings.url.expose_secret().parse().map_err(DbError::Url)?;
-    let statement_timeout = format!(
-        "-c statement_timeout={}",
-        settings.statement_timeout.as_millis()
-    );
-    let options = match config.get_options() {
-        Some(existing) if !existing.is_empty() => format!("{existing} {statement_timeout}"),
-        _ => statement_timeout,
-    };
+    // 0: leave statement_timeout to the server (and to PgBouncer, which
+    // refuses startup options unless told to ignore them).
+    if !settings.statement_timeout.is_zero() {
+        let statement_timeout = format!(
+            "-c statement_timeout={}",
+            settings.statement_timeout.as_millis()
+        );
+        let options = match config.get_options() {
+            Some(existing) if !existing.is_empty() => format!("{existing} {statement_timeout}"),
+            _ => statement_timeout,
+        };
+        config.options(&options);
+    }
     // TCP keepalive finds a peer that vanished while a connection sat idle
     // (about 10 + 3 × 5 s); tcp_user_timeout closes a connection whose sent
     // data stays unacknowledged past the statement deadline. A peer that
     // acknowledges but never answers (a stalled proxy) is left to the
     // statement deadline in `Conn`.
     config
-        .options(&options)
         .connect_timeout(settings.connect_timeout)
         .keepalives_idle(Duration::from_secs(10))
         .keepalives_interval(Duration::from_secs(5))
@@ -142,6 +146,11 @@ fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, DbEr
 pub struct Database {
     pool: Pool,
     query_timeout: Duration,
+    /// Named prepared statements, or unnamed ones sent with their parameters
+    /// in one message (`database.prepared_statements = false`, for PgBouncer
+    /// in transaction pooling mode, where a named statement prepared in one
+    /// transaction is gone in the next).
+    prepared: bool,
 }
 
 impl Database {
@@ -179,12 +188,17 @@ impl Database {
         Ok(Self {
             pool,
             query_timeout: settings.query_timeout,
+            prepared: settings.prepared_statements,
         })
     }
 
     /// A connection, waiting at most `connect_timeout_ms` for one.
     pub async fn conn(&self) -> Result<Conn, DbError> {
-        Ok(Conn::new(self.pool.get().await?, self.query_timeout))
+        Ok(Conn::new(
+            self.pool.get().await?,
+            self.query_timeout,
+            self.prepared,
+        ))
     }
 
     /// A connection whose wait and statements all fit in `bound` (health
@@ -195,7 +209,11 @@ impl Database {
             .await
             .map_err(|_| DbError::Timeout(bound))??;
         let left = bound.saturating_sub(started.elapsed());
-        Ok(Conn::new(client, left.min(self.query_timeout)))
+        Ok(Conn::new(
+            client,
+            left.min(self.query_timeout),
+            self.prepared,
+        ))
     }
 
     pub fn pool(&self) -> &Pool {
@@ -214,15 +232,17 @@ impl Database {
 pub struct Conn {
     client: Option<Object>,
     deadline: Duration,
+    prepared: bool,
     /// Set while a statement runs and left set if it did not end cleanly.
     broken: AtomicBool,
 }
 
 impl Conn {
-    fn new(client: Object, deadline: Duration) -> Self {
+    fn new(client: Object, deadline: Duration, prepared: bool) -> Self {
         Self {
             client: Some(client),
             deadline,
+            prepared,
             broken: AtomicBool::new(false),
         }
     }
@@ -264,24 +284,43 @@ impl Conn {
             .await
     }
 
+    /// Runs `statement` as an unnamed statement: parse, bind and execute in
+    /// one message, nothing left on the server between transactions.
+    async fn unnamed(
+        &self,
+        statement: &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        self.client()
+            .query_typed(statement.sql, &typed(statement, params))
+            .await
+    }
+
     pub async fn query(
         &self,
         statement: &Statement,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, DbError> {
         self.bounded(async {
+            if !self.prepared {
+                return self.unnamed(statement, params).await;
+            }
             let prepared = self.prepared(statement).await?;
             self.client().query(&prepared, params).await
         })
         .await
     }
 
+    /// At most one row (statements written to return zero or one).
     pub async fn query_opt(
         &self,
         statement: &Statement,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, DbError> {
         self.bounded(async {
+            if !self.prepared {
+                return Ok(self.unnamed(statement, params).await?.into_iter().next());
+            }
             let prepared = self.prepared(statement).await?;
             self.client().query_opt(&prepared, params).await
         })
@@ -294,11 +333,29 @@ impl Conn {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, DbError> {
         self.bounded(async {
+            if !self.prepared {
+                return self
+                    .client()
+                    .execute_typed(statement.sql, &typed(statement, params))
+                    .await;
+            }
             let prepared = self.prepared(statement).await?;
             self.client().execute(&prepared, params).await
         })
         .await
     }
+}
+
+/// Each parameter with the type its statement declares.
+fn typed<'a>(
+    statement: &Statement,
+    params: &[&'a (dyn ToSql + Sync)],
+) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
+    params
+        .iter()
+        .copied()
+        .zip(statement.params.iter().cloned())
+        .collect()
 }
 
 /// What a transaction's work decided.

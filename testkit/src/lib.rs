@@ -13,10 +13,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod db;
+pub mod pgbouncer;
 pub mod process;
 pub mod proxy;
 
 pub use db::{admin_url, redact, server_address, with_database, TestDatabase};
 pub use nix::sys::signal::Signal;
+pub use pgbouncer::PgBouncer;
 pub use process::Spawned;
 pub use proxy::{Proxy, ProxyMode};

@@ -6,12 +6,13 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use chargeonce::config::{ProcessorKind, Settings};
 use chargeonce::db::Database;
 use chargeonce::processor::{PaymentProcessor, SimulatedProcessor};
 use chargeonce::startup::Application;
-use chargeonce_testkit::TestDatabase;
+use chargeonce_testkit::{PgBouncer, TestDatabase};
 use reqwest::header::HeaderMap;
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -21,7 +22,7 @@ use serde_json::Value;
 pub async fn migrated_database() -> TestDatabase {
     let migrations = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
     TestDatabase::migrated(&migrations, |url| async move {
-        chargeonce::db::migrate(&test_settings(&url).database)
+        chargeonce::db::migrate(&direct_settings(&url).database)
             .await
             .map(|_| ())
             .map_err(|e| e.to_string())
@@ -29,8 +30,35 @@ pub async fn migrated_database() -> TestDatabase {
     .await
 }
 
+/// With `TEST_PGBOUNCER` set, the suite runs the way many deployments run
+/// the service: through a PgBouncer in transaction pooling mode (one for the
+/// whole run), with unnamed statements and no startup options. Migrations
+/// go to PostgreSQL directly (the template), as they must: they hold a
+/// session lock.
+pub fn through_pgbouncer() -> Option<&'static PgBouncer> {
+    static PGBOUNCER: std::sync::OnceLock<PgBouncer> = std::sync::OnceLock::new();
+    std::env::var_os("TEST_PGBOUNCER")?;
+    Some(PGBOUNCER.get_or_init(|| {
+        let admin = chargeonce_testkit::admin_url();
+        let config: tokio_postgres::Config = admin.parse().expect("TEST_DATABASE_URL");
+        PgBouncer::start(&admin, config.get_user().unwrap_or("postgres"))
+    }))
+}
+
 /// Settings for a test: embedded defaults, this database, a free port.
 pub fn test_settings(database_url: &str) -> Settings {
+    let mut settings = direct_settings(database_url);
+    if let Some(pgbouncer) = through_pgbouncer() {
+        settings.database.url = pgbouncer.url_for(database_url).into();
+        settings.database.prepared_statements = false;
+        settings.database.statement_timeout = Duration::ZERO;
+        settings.database.migrate_on_start = false;
+    }
+    settings
+}
+
+/// Settings for a test that talk to PostgreSQL itself.
+pub fn direct_settings(database_url: &str) -> Settings {
     let mut settings =
         Settings::load_from(Path::new("/nonexistent"), &HashMap::new()).expect("default settings");
     settings.database.url = database_url.into();

@@ -228,8 +228,10 @@ async fn an_outcome_that_cannot_be_recorded_within_the_lease_is_202_pending() {
     );
     assert_eq!(retry.json()["id"], pending["id"]);
     assert_eq!(app.charge_rows().await, 1);
-    // Both calls carried the charge's one downstream key.
-    assert_eq!(app.processor.calls(), 2);
+    // The retry asked the processor again with the charge's one downstream
+    // key, unless the held-back outcome statement reached PostgreSQL when
+    // the partition healed and recorded it first (it is true either way).
+    assert!((1..=2).contains(&app.processor.calls()));
 }
 
 /// An insert sent just before a partition may commit although its request
