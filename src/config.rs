@@ -33,6 +33,7 @@ pub struct Settings {
     pub recovery: RecoverySettings,
     pub auth: AuthSettings,
     pub log: LogSettings,
+    pub metrics: MetricsSettings,
     pub demo: DemoSettings,
 }
 
@@ -164,6 +165,16 @@ pub enum LogFormat {
 #[serde(deny_unknown_fields)]
 pub struct LogSettings {
     pub format: LogFormat,
+}
+
+/// `GET /metrics` (Prometheus).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSettings {
+    pub enabled: bool,
+    /// 0: served on the API's port; else a listener of its own on this port
+    /// (same host), e.g. to keep it off a public load balancer.
+    pub port: u16,
 }
 
 /// The demo checkout (`src/http/demo.rs`): development only.

@@ -8,6 +8,7 @@ pub mod db;
 pub mod domain;
 pub mod error;
 pub mod http;
+pub mod metrics;
 pub mod processor;
 pub mod service;
 pub mod startup;

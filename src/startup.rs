@@ -2,6 +2,7 @@
 //! start the same `Application`.
 
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use actix_web::dev::{Server, ServerHandle};
@@ -11,8 +12,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{DatabaseSettings, Settings};
 use crate::db::{self, Database, DbError};
+use crate::http::metrics::Exporter;
 use crate::http::server::ServerLimits;
 use crate::http::HttpLimits;
+use crate::metrics::Pools;
 use crate::processor::{self, PaymentProcessor};
 use crate::service::api_keys::ApiKeyCache;
 use crate::service::charges::Charges;
@@ -76,6 +79,32 @@ fn connection_cap(configured: usize, workers: usize, pool_size: usize) -> usize 
     configured.min(fits)
 }
 
+/// A server of its own for `GET /metrics` on `port` of `server.host`.
+fn serve_metrics(
+    settings: &Settings,
+    port: u16,
+    exporter: web::Data<Exporter>,
+    limits: &ServerLimits,
+) -> Result<Server, StartupError> {
+    let address = format!("{}:{port}", settings.server.host);
+    let bind_error = |source| StartupError::Bind {
+        address: address.clone(),
+        source,
+    };
+    let listener = TcpListener::bind(&address).map_err(bind_error)?;
+    let limits = ServerLimits {
+        workers: 1,
+        ..limits.clone()
+    };
+    tracing::info!(%address, "metrics listening");
+    http::server::serve(listener, &limits, move || {
+        App::new()
+            .app_data(exporter.clone())
+            .configure(http::metrics::configure)
+    })
+    .map_err(bind_error)
+}
+
 /// The pool of one HTTP worker thread, `connections` of the
 /// `database.pool_size`. A connection's driving task runs on the thread that
 /// opened it; with one pool shared by all threads, a request on one thread
@@ -99,6 +128,8 @@ fn worker_database(
 pub struct Application {
     port: u16,
     server: Server,
+    /// The metrics port's own server (running), when `metrics.port` is set.
+    metrics_server: Option<ServerHandle>,
     db: Database,
     stop: CancellationToken,
     background: Vec<JoinHandle<()>>,
@@ -154,6 +185,19 @@ impl Application {
             &settings.recovery,
         );
 
+        let exporter: Option<web::Data<Exporter>> = settings.metrics.enabled.then(|| {
+            let pools = Pools::default();
+            pools.register("background", background_db.pool().clone());
+            web::Data::new(Exporter {
+                handle: crate::metrics::handle(),
+                pools,
+            })
+        });
+        // On the API's port, or on one of its own.
+        let api_exporter = exporter.clone().filter(|_| settings.metrics.port == 0);
+        let exporter_for_port = exporter.clone();
+        let next_worker = Arc::new(AtomicUsize::new(0));
+
         let workers = match settings.server.workers {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
@@ -177,21 +221,41 @@ impl Application {
         };
         let server = http::server::serve(listener, &server_limits, move || {
             let db = worker_database(&database, worker_connections, &shared_db);
+            if let Some(exporter) = &exporter {
+                let worker = next_worker.fetch_add(1, Ordering::Relaxed);
+                exporter
+                    .pools
+                    .register(format!("worker-{worker}"), db.pool().clone());
+            }
+            let api_exporter = api_exporter.clone();
             App::new()
                 .app_data(web::Data::new(shared_charges.with_database(db.clone())))
                 .app_data(web::Data::new(shared_refunds.with_database(db.clone())))
                 .app_data(web::Data::new(db))
                 .app_data(api_keys.clone())
                 .app_data(limits.clone())
-                .wrap_fn(http::request_log)
+                .wrap_fn(http::observe)
                 .configure(|cfg| {
                     if demo {
                         http::demo::configure(cfg);
+                    }
+                    if let Some(exporter) = api_exporter {
+                        cfg.app_data(exporter);
+                        http::metrics::configure(cfg);
                     }
                 })
                 .configure(http::configure)
         })
         .map_err(bind_error)?;
+        let metrics_server = match (&exporter_for_port, settings.metrics.port) {
+            (Some(exporter), port) if port != 0 => {
+                let server = serve_metrics(settings, port, exporter.clone(), &server_limits)?;
+                let handle = server.handle();
+                tokio::spawn(server);
+                Some(handle)
+            }
+            _ => None,
+        };
 
         let stop = CancellationToken::new();
         let background = vec![
@@ -215,6 +279,7 @@ impl Application {
         Ok(Self {
             port,
             server,
+            metrics_server,
             db: background_db,
             stop,
             background,
@@ -241,6 +306,9 @@ impl Application {
     /// `server.shutdown_timeout_secs`, and stops the background workers.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let result = self.server.await;
+        if let Some(metrics) = self.metrics_server {
+            metrics.stop(true).await;
+        }
         self.stop.cancel();
         for worker in self.background {
             let _ = worker.await;

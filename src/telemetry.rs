@@ -32,6 +32,13 @@ const FLUSH_INTERVAL: Duration = Duration::from_millis(20);
 /// Most bytes held while stderr does not keep up.
 const MAX_BUFFERED: usize = 8 * 1024 * 1024;
 
+/// Records a field of the current span: a request's `merchant`, `id` or
+/// `idempotency` (see `http::observe`) once the code knows it. Outside such
+/// a span it does nothing.
+pub fn record(field: &'static str, value: &dyn std::fmt::Display) {
+    tracing::Span::current().record(field, tracing::field::display(value));
+}
+
 /// An error and its causes, `: `-separated, for a log line.
 pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
@@ -64,7 +71,13 @@ pub fn init(format: LogFormat) -> Option<LogGuard> {
         .with_writer(BufferedStderr(buffer.clone()));
     let installed = match format {
         LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+        // Every span a line was written in, outermost first: a line deep in a
+        // charge's processor call still carries the request's fields.
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(false)
+            .with_span_list(true)
+            .try_init(),
     };
     installed.ok()?;
     let flusher = buffer.clone();

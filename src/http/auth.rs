@@ -30,11 +30,12 @@ impl FromRequest for AuthenticatedMerchant {
                     "the app carries no API-key cache".into(),
                 ));
             };
-            cache
+            let merchant = cache
                 .authenticate(&db, &key)
                 .await?
-                .map(AuthenticatedMerchant)
-                .ok_or(ApiError::Unauthenticated)
+                .ok_or(ApiError::Unauthenticated)?;
+            crate::telemetry::record("merchant", &merchant);
+            Ok(AuthenticatedMerchant(merchant))
         })
     }
 }

@@ -10,7 +10,25 @@ use super::HttpLimits;
 use crate::domain::{strict_json, IdempotencyKey, KeyError};
 use crate::error::ApiError;
 
-pub fn idempotency_key(request: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
+/// The `Idempotency-Key` of a request creating a `kind` ("charge",
+/// "refund", …); a missing or malformed one is counted as such.
+pub fn idempotency_key(
+    request: &HttpRequest,
+    kind: &'static str,
+) -> Result<IdempotencyKey, ApiError> {
+    let parsed = key_of(request);
+    if let Err(error) = &parsed {
+        let outcome = match error {
+            ApiError::IdempotencyKeyMissing => "key_missing",
+            _ => "key_invalid",
+        };
+        crate::telemetry::record("idempotency", &outcome);
+        crate::metrics::idempotency(kind, outcome);
+    }
+    parsed
+}
+
+fn key_of(request: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
     let mut values = request.headers().get_all("idempotency-key");
     let value = values.next().ok_or(ApiError::IdempotencyKeyMissing)?;
     if values.next().is_some() {

@@ -27,7 +27,7 @@ pub(crate) async fn create_for(
     request: &HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let key = body::idempotency_key(request)?;
+    let key = body::idempotency_key(request, "charge")?;
     let body = body::json(request, payload, limits).await?;
     let new_charge = NewCharge::parse(&body)
         .map_err(|errors| ApiError::invalid("the charge request is invalid", errors))?;

@@ -7,6 +7,7 @@ mod body;
 mod charges;
 pub mod demo;
 mod health;
+pub mod metrics;
 mod refunds;
 mod render;
 pub mod server;
@@ -69,9 +70,23 @@ async fn method_not_allowed() -> Result<HttpResponse, ApiError> {
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// Logs every request with its outcome and echoes (or assigns) a request id
-/// that support can search the log for.
-pub fn request_log<S, B>(
+/// A request id a client may choose: what support can search a log for,
+/// and nothing that could forge one (letters, digits, `.`, `_`, `-`, `:`).
+fn acceptable_request_id(value: &HeaderValue) -> bool {
+    let bytes = value.as_bytes();
+    (1..=128).contains(&bytes.len())
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-:".contains(b))
+}
+
+/// Every request runs in a `request` span that carries its request id (the
+/// client's `X-Request-Id` if acceptable, else a new one, echoed in the
+/// answer), the route template, and once known the merchant, the id of the
+/// charge or refund and what its idempotency key led to; so every log line
+/// written while serving it can be tied to it. At the end: one access-log
+/// line and the HTTP metrics.
+pub fn observe<S, B>(
     request: ServiceRequest,
     service: &S,
 ) -> impl std::future::Future<Output = Result<actix_web::dev::ServiceResponse<B>, actix_web::Error>>
@@ -82,29 +97,44 @@ where
         Error = actix_web::Error,
     >,
 {
+    use tracing::field::Empty;
+    use tracing::Instrument;
+
     let started = std::time::Instant::now();
     let request_id = request
         .headers()
         .get(&REQUEST_ID)
-        .filter(|v| !v.is_empty() && v.len() <= 200)
+        .filter(|value| acceptable_request_id(value))
         .cloned()
         .unwrap_or_else(|| {
             HeaderValue::from_str(&uuid::Uuid::new_v4().simple().to_string())
                 .unwrap_or(HeaderValue::from_static("unknown"))
         });
     let method = request.method().clone();
-    let path = request.path().to_owned();
-    let response = service.call(request);
+    let span = tracing::info_span!(
+        "request",
+        request_id = request_id.to_str().unwrap_or(""),
+        %method,
+        route = Empty,
+        merchant = Empty,
+        id = Empty,
+        idempotency = Empty,
+    );
+    let response = span.in_scope(|| service.call(request));
     async move {
-        let mut response = response.await?;
-        tracing::info!(
-            request_id = request_id.to_str().unwrap_or(""),
-            %method,
-            %path,
-            status = response.status().as_u16(),
-            elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
-            "request"
-        );
+        let mut response = response.instrument(span.clone()).await?;
+        // The template, not the path: bounded label values, no ids in them.
+        let route = response
+            .request()
+            .match_pattern()
+            .unwrap_or_else(|| "unmatched".to_owned());
+        let status = response.status().as_u16();
+        let took = started.elapsed();
+        span.record("route", route.as_str());
+        span.in_scope(|| {
+            tracing::info!(status, elapsed_ms = took.as_secs_f64() * 1000.0, "request")
+        });
+        crate::metrics::http_request(&route, method.as_str(), status, took);
         response.headers_mut().insert(REQUEST_ID, request_id);
         Ok(response)
     }

@@ -18,7 +18,7 @@ pub async fn create(
 ) -> Result<HttpResponse, ApiError> {
     // A malformed id names no charge: the same 404 as someone else's.
     let charge = ChargeId::parse(&charge).ok_or(ApiError::NotFound)?;
-    let key = body::idempotency_key(&request)?;
+    let key = body::idempotency_key(&request, "refund")?;
     let body = body::json(&request, payload, &limits).await?;
     let new_refund = NewRefund::parse(&body)
         .map_err(|errors| ApiError::invalid("the refund request is invalid", errors))?;

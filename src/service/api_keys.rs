@@ -16,6 +16,7 @@ use moka::sync::Cache;
 use crate::config::AuthSettings;
 use crate::db::{self, Database};
 use crate::domain::{ApiKey, MerchantId};
+use crate::metrics;
 
 use super::ServiceError;
 
@@ -59,6 +60,7 @@ impl ApiKeyCache {
     ) -> Result<Option<MerchantId>, ServiceError> {
         let digest = key.digest();
         if let Some(merchant) = self.known.as_ref().and_then(|c| c.get(&digest)) {
+            metrics::api_key_cache("hit");
             return Ok(Some(merchant));
         }
         if self
@@ -66,8 +68,10 @@ impl ApiKeyCache {
             .as_ref()
             .is_some_and(|c| c.contains_key(&digest))
         {
+            metrics::api_key_cache("negative_hit");
             return Ok(None);
         }
+        metrics::api_key_cache("miss");
         let conn = db.conn().await?;
         let merchant = db::merchants::find_by_digest(&conn, &digest).await?;
         match merchant {

@@ -92,6 +92,8 @@ impl Charges {
             };
             // Same key, different request: a client bug. Never execute it.
             if !fingerprint.matches(&charge.fingerprint) {
+                crate::metrics::idempotency("charge", "reused_mismatch");
+                crate::telemetry::record("idempotency", &"reused_mismatch");
                 return Err(ServiceError::KeyReused);
             }
             if let Some(reply) = self.flow.continue_with(charge, created, started).await? {

@@ -35,8 +35,10 @@ use crate::config::{IdempotencySettings, RecoverySettings};
 use crate::crash;
 use crate::db::{Conn, Database, DbError};
 use crate::domain::{MerchantId, Outcome, Status};
+use crate::metrics;
 use crate::processor::{PaymentProcessor, ProcessorReply};
-use crate::telemetry::error_chain;
+use crate::telemetry::{self, error_chain};
+use tracing::Instrument;
 
 use super::ServiceError;
 
@@ -211,7 +213,9 @@ impl<K: Kind> Lifecycle<K> {
         created: bool,
         started: Instant,
     ) -> Result<Option<Reply<K::Record>>, ServiceError> {
+        telemetry::record("id", &record.public_id());
         if created {
+            outcome::<K>("created");
             let leased = Leased {
                 record,
                 until: started + self.lease,
@@ -219,6 +223,7 @@ impl<K: Kind> Lifecycle<K> {
             return self.process(leased, false).await.map(Some);
         }
         if record.status() != Status::Pending {
+            outcome::<K>("replayed");
             return Ok(Some(Reply {
                 record,
                 replayed: true,
@@ -234,6 +239,7 @@ impl<K: Kind> Lifecycle<K> {
     async fn resume(&self, record: K::Record) -> Result<Option<Reply<K::Record>>, ServiceError> {
         let deadline = Instant::now() + self.in_flight_wait;
         let mut pause = Duration::from_millis(1);
+        let mut waited = false;
         loop {
             let started = Instant::now();
             let found = {
@@ -246,6 +252,8 @@ impl<K: Kind> Lifecycle<K> {
                 return Ok(None);
             };
             if taken {
+                outcome::<K>("taken_over");
+                metrics::lease_takeover(K::NAME);
                 let leased = Leased {
                     record: current,
                     until: started + self.lease,
@@ -253,6 +261,11 @@ impl<K: Kind> Lifecycle<K> {
                 return self.process(leased, true).await.map(Some);
             }
             if current.status() != Status::Pending {
+                outcome::<K>(if waited {
+                    "in_flight_waited"
+                } else {
+                    "replayed"
+                });
                 return Ok(Some(Reply {
                     record: current,
                     replayed: true,
@@ -260,10 +273,12 @@ impl<K: Kind> Lifecycle<K> {
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
+                outcome::<K>("in_use");
                 return Err(ServiceError::KeyInUse {
                     retry_after: IN_USE_RETRY_AFTER,
                 });
             }
+            waited = true;
             tokio::time::sleep(pause.min(remaining)).await;
             pause = (pause * 2).min(MAX_IN_FLIGHT_POLL);
         }
@@ -278,10 +293,14 @@ impl<K: Kind> Lifecycle<K> {
         replayed: bool,
     ) -> Result<Reply<K::Record>, ServiceError> {
         let this = self.clone();
-        let task = tokio::spawn(async move {
-            let record = this.call_processor_and_record(leased).await?;
-            Ok(Reply { record, replayed })
-        });
+        // The task logs in the request's span, though it may outlive it.
+        let task = tokio::spawn(
+            async move {
+                let record = this.call_processor_and_record(leased).await?;
+                Ok(Reply { record, replayed })
+            }
+            .instrument(tracing::Span::current()),
+        );
         task.await.map_err(ServiceError::TaskFailed)?
     }
 
@@ -333,11 +352,14 @@ impl<K: Kind> Lifecycle<K> {
             self.kind.claim_abandoned(&conn, self.lease, batch).await?
         };
         let count = claimed.len();
+        metrics::recovery_claims(K::NAME, count);
         let results = futures_util::future::join_all(claimed.into_iter().map(|record| {
+            let span = tracing::info_span!("recover", kind = K::NAME, id = %record.public_id());
             self.call_processor_and_record(Leased {
                 record,
                 until: started + self.lease,
             })
+            .instrument(span)
         }))
         .await;
         for result in results {
@@ -363,10 +385,13 @@ impl<K: Kind> Lifecycle<K> {
     ) -> Result<K::Record, ServiceError> {
         crash::point("after_pending_commit");
         let record = &leased.record;
+        let asked = Instant::now();
         let reply = self
             .kind
             .call_processor(self.processor.as_ref(), record)
+            .instrument(tracing::info_span!("processor", operation = K::NAME))
             .await;
+        metrics::processor_call(K::NAME, classify(&reply), asked.elapsed());
         crash::point("after_processor_reply");
         match reply {
             ProcessorReply::Final(outcome) => self.record_final(&leased, &outcome).await,
@@ -445,6 +470,29 @@ impl<K: Kind> Lifecycle<K> {
                 Err(error) => return Err(error.into()),
             }
         }
+    }
+}
+
+/// Counts what a key led to, and notes it on the request's span.
+fn outcome<K: Kind>(outcome: &'static str) {
+    telemetry::record("idempotency", &outcome);
+    metrics::idempotency(K::NAME, outcome);
+}
+
+/// A processor answer as a metric label.
+fn classify(reply: &ProcessorReply) -> &'static str {
+    match reply {
+        ProcessorReply::Final(Outcome::Succeeded { .. }) => "succeeded",
+        ProcessorReply::Final(Outcome::Declined { code, .. })
+            if code == crate::processor::PROCESSOR_REJECTED =>
+        {
+            "rejected"
+        }
+        ProcessorReply::Final(Outcome::Declined { .. }) => "declined",
+        ProcessorReply::Unknown {
+            attention: true, ..
+        } => "attention",
+        ProcessorReply::Unknown { .. } => "unknown",
     }
 }
 

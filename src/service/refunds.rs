@@ -103,6 +103,8 @@ impl Refunds {
             // The key belongs to another refund (or another charge's): a
             // client bug. Never execute it.
             if !fingerprint.matches(&refund.fingerprint) || refund.charge_id != charge {
+                crate::metrics::idempotency("refund", "reused_mismatch");
+                crate::telemetry::record("idempotency", &"reused_mismatch");
                 return Err(ServiceError::KeyReused);
             }
             if let Some(reply) = self.flow.continue_with(refund, created, started).await? {

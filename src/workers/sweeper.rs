@@ -25,7 +25,10 @@ pub async fn run(db: Database, settings: IdempotencySettings, stop: Cancellation
         }
         match sweep(&db, &settings).await {
             Ok(0) => {}
-            Ok(released) => tracing::info!(released, "released expired idempotency keys"),
+            Ok(released) => {
+                crate::metrics::keys_released(released);
+                tracing::info!(released, "released expired idempotency keys")
+            }
             Err(error) => {
                 tracing::warn!(error = %error_chain(&error), "key sweep failed; will retry")
             }

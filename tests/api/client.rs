@@ -101,7 +101,12 @@ fn charge_posts(process: &Process) -> Vec<u16> {
     process
         .log()
         .iter()
-        .filter(|line| line.contains("method=POST") && line.contains("path=/v1/charges "))
+        // The access-log line of each request: its span names the route.
+        .filter(|line| {
+            line.contains("method=POST")
+                && line.contains("route=\"/v1/charges\"")
+                && line.contains(": request status=")
+        })
         .filter_map(|line| {
             let status = line
                 .split_whitespace()

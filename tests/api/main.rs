@@ -9,6 +9,7 @@ mod concurrency;
 mod connections;
 mod demo;
 mod helpers;
+mod observability;
 mod plans;
 mod processes;
 mod processor;

@@ -1,0 +1,159 @@
+//! Metrics, in the Prometheus text format at `GET /metrics`: the `metrics`
+//! facade records, `metrics-exporter-prometheus` renders. Every family is
+//! named and described here, and recorded through the small functions below,
+//! so a name is written once and the call sites stay one line.
+//!
+//! Recording costs an atomic add on a handle looked up by name and labels;
+//! BENCHMARKS.md has the measured cost on the request path.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+pub const HTTP_REQUESTS: &str = "chargeonce_http_requests_total";
+pub const HTTP_DURATION: &str = "chargeonce_http_request_duration_seconds";
+pub const IDEMPOTENCY: &str = "chargeonce_idempotency_outcomes_total";
+pub const PROCESSOR_CALLS: &str = "chargeonce_processor_calls_total";
+pub const PROCESSOR_DURATION: &str = "chargeonce_processor_call_duration_seconds";
+pub const LEASE_TAKEOVERS: &str = "chargeonce_lease_takeovers_total";
+pub const RECOVERY_CLAIMS: &str = "chargeonce_recovery_claims_total";
+pub const KEYS_RELEASED: &str = "chargeonce_keys_released_total";
+pub const API_KEY_CACHE: &str = "chargeonce_api_key_cache_total";
+pub const POOL_SIZE: &str = "chargeonce_db_pool_connections";
+pub const POOL_IN_USE: &str = "chargeonce_db_pool_in_use";
+pub const POOL_WAITERS: &str = "chargeonce_db_pool_waiters";
+pub const POOL_MAX: &str = "chargeonce_db_pool_max_size";
+
+/// Latency buckets, seconds: a millisecond to half a minute.
+const BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// The process-wide recorder, installed on first use (tests start several
+/// applications in one process; they share it).
+pub fn handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), BUCKETS)
+                .map(PrometheusBuilder::build_recorder);
+            let recorder = match recorder {
+                Ok(recorder) => recorder,
+                // Only a bucket list that is empty fails; ours is not. Fall
+                // back to summaries rather than no metrics at all.
+                Err(_) => PrometheusBuilder::new().build_recorder(),
+            };
+            let handle = recorder.handle();
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("a metrics recorder was already installed; /metrics may be empty");
+            }
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    describe_counter!(
+        HTTP_REQUESTS,
+        "HTTP requests by route template, method and status."
+    );
+    describe_histogram!(
+        HTTP_DURATION,
+        "HTTP request latency by route template and method."
+    );
+    describe_counter!(
+        IDEMPOTENCY,
+        "What an idempotency key led to, by kind (charge, refund): created, replayed, \
+         in_flight_waited, in_use, reused_mismatch, key_missing, key_invalid."
+    );
+    describe_counter!(
+        PROCESSOR_CALLS,
+        "Processor calls by operation (charge, refund) and outcome (succeeded, declined, \
+         rejected, unknown, attention)."
+    );
+    describe_histogram!(PROCESSOR_DURATION, "Processor call latency by operation.");
+    describe_counter!(
+        LEASE_TAKEOVERS,
+        "Pending records a request took over after their lease ran out."
+    );
+    describe_counter!(
+        RECOVERY_CLAIMS,
+        "Abandoned records the recovery worker claimed."
+    );
+    describe_counter!(KEYS_RELEASED, "Idempotency keys released after retention.");
+    describe_counter!(
+        API_KEY_CACHE,
+        "API-key lookups by result: hit, negative_hit, miss."
+    );
+    describe_gauge!(POOL_SIZE, "Open database connections per pool.");
+    describe_gauge!(POOL_IN_USE, "Database connections in use per pool.");
+    describe_gauge!(
+        POOL_WAITERS,
+        "Requests waiting for a database connection per pool."
+    );
+    describe_gauge!(POOL_MAX, "The most connections a pool may open.");
+}
+
+pub fn http_request(route: &str, method: &str, status: u16, took: Duration) {
+    let status = status.to_string();
+    counter!(HTTP_REQUESTS, "route" => route.to_owned(), "method" => method.to_owned(), "status" => status)
+        .increment(1);
+    histogram!(HTTP_DURATION, "route" => route.to_owned(), "method" => method.to_owned())
+        .record(took.as_secs_f64());
+}
+
+pub fn idempotency(kind: &'static str, outcome: &'static str) {
+    counter!(IDEMPOTENCY, "kind" => kind, "outcome" => outcome).increment(1);
+}
+
+pub fn processor_call(operation: &'static str, outcome: &'static str, took: Duration) {
+    counter!(PROCESSOR_CALLS, "operation" => operation, "outcome" => outcome).increment(1);
+    histogram!(PROCESSOR_DURATION, "operation" => operation).record(took.as_secs_f64());
+}
+
+pub fn lease_takeover(kind: &'static str) {
+    counter!(LEASE_TAKEOVERS, "kind" => kind).increment(1);
+}
+
+pub fn recovery_claims(kind: &'static str, claimed: usize) {
+    counter!(RECOVERY_CLAIMS, "kind" => kind).increment(claimed as u64);
+}
+
+pub fn keys_released(released: u64) {
+    counter!(KEYS_RELEASED).increment(released);
+}
+
+pub fn api_key_cache(result: &'static str) {
+    counter!(API_KEY_CACHE, "result" => result).increment(1);
+}
+
+/// The pools of one application, named, so their state can be read when
+/// `/metrics` is scraped (a pool's numbers are only known by asking it).
+#[derive(Clone, Default)]
+pub struct Pools(Arc<Mutex<Vec<(String, Pool)>>>);
+
+impl Pools {
+    pub fn register(&self, name: impl Into<String>, pool: Pool) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((name.into(), pool));
+    }
+
+    /// Sets the pool gauges from the pools as they are now.
+    pub fn observe(&self) {
+        for (name, pool) in self.0.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let status = pool.status();
+            let in_use = status.size.saturating_sub(status.available);
+            gauge!(POOL_SIZE, "pool" => name.clone()).set(status.size as f64);
+            gauge!(POOL_IN_USE, "pool" => name.clone()).set(in_use as f64);
+            gauge!(POOL_WAITERS, "pool" => name.clone()).set(status.waiting as f64);
+            gauge!(POOL_MAX, "pool" => name.clone()).set(status.max_size as f64);
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! What an on-call engineer relies on: metrics that move when their event
+//! happens, log lines tied to the request that caused them, and no secret
+//! in any log.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::helpers::{charge_body, spawn_app_with, TestApp};
+use crate::processes::{start_service, Database};
+
+/// The sum of the samples of `family` whose labels include all of `labels`
+/// (histograms: their `_count`).
+fn sample(text: &str, family: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (name, rest) = series.split_once('{').unwrap_or((series, "}"));
+            if name != family {
+                return None;
+            }
+            let found: HashMap<&str, &str> = rest
+                .trim_end_matches('}')
+                .split(',')
+                .filter_map(|pair| pair.split_once('='))
+                .map(|(k, v)| (k, v.trim_matches('"')))
+                .collect();
+            labels
+                .iter()
+                .all(|(k, v)| found.get(k) == Some(v))
+                .then(|| value.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
+}
+
+async fn scrape(app: &TestApp) -> String {
+    let reply = app.get("/metrics").await;
+    assert_eq!(reply.status, 200);
+    assert!(reply
+        .header("content-type")
+        .is_some_and(|t| t.starts_with("text/plain")));
+    reply.body
+}
+
+/// Each family moves when its event happens. The recorder is shared by
+/// every app in this test binary, so only increases are asserted.
+#[tokio::test]
+async fn every_metric_family_moves_when_its_event_happens() {
+    let app = spawn_app_with(|s| {
+        s.idempotency.lease = Duration::from_millis(300);
+        s.idempotency.in_flight_wait = Duration::from_millis(10);
+        s.processor.latency = Duration::from_millis(50);
+        s.recovery.interval = Duration::from_millis(100);
+        s.idempotency.sweep_interval = Duration::from_millis(100);
+    })
+    .await;
+    let before = scrape(&app).await;
+
+    let charge = app.succeeded_charge("m-1", 1000).await;
+    app.post_charge("m-1", &charge_body(1000)).await; // replayed
+    app.post_charge("m-1", &charge_body(1001)).await; // reused_mismatch
+    app.post_charge("m-2", &charge_body(1002)).await; // declined
+    app.post_charge("m-3", &charge_body(1009)).await; // unknown
+    app.post_charge_raw(
+        &[
+            ("Authorization", &format!("Bearer {}", app.api_key)),
+            ("Content-Type", "application/json"),
+        ],
+        charge_body(1).into_bytes(),
+    )
+    .await; // key_missing
+    app.post_charge("bad key", &charge_body(1)).await; // key_invalid
+    let body = charge_body(1000);
+    let (first, second) = tokio::join!(app.post_charge("m-4", &body), async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        app.post_charge("m-4", &body).await
+    });
+    assert_eq!(first.status, 201);
+    assert_eq!(second.status, 409); // in_use
+    app.post_refund(&charge, "m-r", r#"{"amount":10}"#).await;
+    app.get_as("sk_unknown", "/v1/charges").await; // miss
+    app.get_as("sk_unknown", "/v1/charges").await; // negative hit
+                                                   // An old key for the sweeper; a pending charge whose owner died (its
+                                                   // lease ran out, the worker's turn is an hour away) for a takeover; the
+                                                   // unknown outcome above is the recovery worker's.
+    let sql = app.sql().await;
+    sql.execute(
+        "INSERT INTO charges (id, merchant_id, client_idempotency_key, request_fingerprint, \
+                              amount, currency, status) \
+         SELECT '00000001-0000-7000-8000-000000000000', id, 'ancient', sha256('x'), 1, 'USD', \
+                'succeeded' FROM merchants",
+        &[],
+    )
+    .await
+    .unwrap();
+    sql.execute(
+        "INSERT INTO charges (id, merchant_id, client_idempotency_key, request_fingerprint, \
+                              amount, currency, status, locked_until, next_attempt_at) \
+         SELECT $1, id, 'orphan', sha256(convert_to($2, 'UTF8')), 1000, 'USD', 'pending', \
+                now() - interval '1 second', now() + interval '1 hour' FROM merchants",
+        &[&uuid::Uuid::now_v7(), &charge_body(1000)],
+    )
+    .await
+    .unwrap();
+    let taken = app.post_charge("orphan", &charge_body(1000)).await;
+    assert_eq!(taken.status, 201, "{}", taken.body);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let after = scrape(&app).await;
+
+    let moved = |family: &str, labels: &[(&str, &str)]| {
+        let (b, a) = (
+            sample(&before, family, labels),
+            sample(&after, family, labels),
+        );
+        assert!(a > b, "{family} {labels:?} did not move ({b} -> {a})");
+    };
+    moved(
+        "chargeonce_http_requests_total",
+        &[
+            ("route", "/v1/charges"),
+            ("method", "POST"),
+            ("status", "201"),
+        ],
+    );
+    moved(
+        "chargeonce_http_request_duration_seconds_count",
+        &[("route", "/v1/charges/{id}/refunds"), ("method", "POST")],
+    );
+    for outcome in [
+        "created",
+        "replayed",
+        "in_use",
+        "reused_mismatch",
+        "key_missing",
+        "key_invalid",
+        "taken_over",
+    ] {
+        moved(
+            "chargeonce_idempotency_outcomes_total",
+            &[("kind", "charge"), ("outcome", outcome)],
+        );
+    }
+    moved(
+        "chargeonce_idempotency_outcomes_total",
+        &[("kind", "refund"), ("outcome", "created")],
+    );
+    for outcome in ["succeeded", "declined", "unknown"] {
+        moved(
+            "chargeonce_processor_calls_total",
+            &[("operation", "charge"), ("outcome", outcome)],
+        );
+    }
+    moved(
+        "chargeonce_processor_call_duration_seconds_count",
+        &[("operation", "refund")],
+    );
+    moved("chargeonce_lease_takeovers_total", &[("kind", "charge")]);
+    moved("chargeonce_recovery_claims_total", &[("kind", "charge")]);
+    moved("chargeonce_keys_released_total", &[]);
+    for result in ["hit", "miss", "negative_hit"] {
+        moved("chargeonce_api_key_cache_total", &[("result", result)]);
+    }
+    // Pool gauges, one series per pool.
+    for family in [
+        "chargeonce_db_pool_connections",
+        "chargeonce_db_pool_in_use",
+        "chargeonce_db_pool_waiters",
+        "chargeonce_db_pool_max_size",
+    ] {
+        assert!(
+            after.contains(&format!("{family}{{pool=\"background\"}}")),
+            "{family}"
+        );
+        assert!(
+            after.contains(&format!("{family}{{pool=\"worker-")),
+            "{family}"
+        );
+    }
+    assert!(after.contains("# HELP chargeonce_idempotency_outcomes_total"));
+}
+
+/// `metrics.port`: a listener of its own, and none on the API's port.
+#[tokio::test]
+async fn metrics_can_have_a_port_of_their_own_or_none() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let app = spawn_app_with(|s| s.metrics.port = port).await;
+    app.get("/metrics").await.assert_problem(404, "not_found");
+    let own = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(own.status(), 200);
+    assert!(own.text().await.unwrap().contains("chargeonce_"));
+
+    let off = spawn_app_with(|s| s.metrics.enabled = false).await;
+    off.get("/metrics").await.assert_problem(404, "not_found");
+}
+
+/// A charge whose processor outcome is unknown: every log line about it,
+/// including the processor call's and the outcome's deep in the charge
+/// flow, carries the request id the client sent, and the access-log line
+/// carries the route, the merchant, the charge and what the key led to.
+#[tokio::test]
+async fn every_log_line_about_a_request_carries_its_request_id() {
+    let db = Database::migrated().await;
+    let secret = db.create_merchant().await;
+    let service = start_service(
+        &db.url,
+        &[
+            ("CHARGEONCE__LOG__FORMAT", "json".to_owned()),
+            ("RUST_LOG", "info".to_owned()),
+            // The recovery worker stays away: every line below is the request's.
+            ("CHARGEONCE__RECOVERY__INTERVAL_MS", "600000".to_owned()),
+        ],
+    )
+    .await;
+    let reply = reqwest::Client::new()
+        .post(format!("{}/v1/charges", service.url))
+        .bearer_auth(&secret)
+        .header("Idempotency-Key", "traced")
+        .header("X-Request-Id", "req-trace-42")
+        .header("Content-Type", "application/json")
+        .body(charge_body(1009))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 202);
+    assert_eq!(
+        reply
+            .headers()
+            .get("x-request-id")
+            .unwrap()
+            .to_str()
+            .unwrap(),
+        "req-trace-42"
+    );
+    let charge: serde_json::Value = reply.json().await.unwrap();
+    let id = charge["id"].as_str().unwrap().to_owned();
+
+    let started = Instant::now();
+    let lines = loop {
+        let lines: Vec<String> = service
+            .log()
+            .into_iter()
+            .filter(|line| line.contains(&id) || line.contains("req-trace-42"))
+            .collect();
+        if lines
+            .iter()
+            .any(|line| line.contains("\"message\":\"request\""))
+        {
+            break lines;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{lines:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(lines.len() >= 2, "{lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|line| line.contains("processor outcome unknown")),
+        "the unknown outcome, deep in the charge flow, is among them: {lines:#?}"
+    );
+    for line in &lines {
+        assert!(line.contains("req-trace-42"), "{line}");
+        let parsed: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        assert!(parsed["spans"].is_array(), "{line}");
+    }
+    let access = lines
+        .iter()
+        .find(|line| line.contains("\"message\":\"request\""))
+        .unwrap();
+    for field in [
+        "\"route\":\"/v1/charges\"",
+        "\"merchant\":\"mer_",
+        &format!("\"id\":\"{id}\""),
+        "\"idempotency\":\"created\"",
+        "\"status\":202",
+    ] {
+        assert!(access.contains(field), "{field} missing: {access}");
+    }
+
+    // An unacceptable request id is replaced, not logged as sent.
+    let replaced = reqwest::Client::new()
+        .get(format!("{}/healthz", service.url))
+        .header("X-Request-Id", "bad id with spaces")
+        .send()
+        .await
+        .unwrap();
+    let echoed = replaced
+        .headers()
+        .get("x-request-id")
+        .unwrap()
+        .to_str()
+        .unwrap();
+    assert_ne!(echoed, "bad id with spaces");
+    assert_eq!(echoed.len(), 32);
+}
+
+/// Secrets never reach a log: the API key (valid or not), the database
+/// password, at every level the service logs by default and at debug.
+#[tokio::test]
+async fn secrets_never_appear_in_logs() {
+    let db = Database::migrated().await;
+    let secret = db.create_merchant().await;
+    // Trust authentication ignores the password; the service still holds it.
+    let mut with_password = url::Url::parse(&db.url).unwrap();
+    with_password
+        .set_password(Some("hunter2-db-password"))
+        .unwrap();
+    let service = start_service(
+        with_password.as_str(),
+        &[
+            ("RUST_LOG", "debug".to_owned()),
+            ("CHARGEONCE__LOG__FORMAT", "json".to_owned()),
+        ],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    for key in [secret.as_str(), "sk_wrong_secret_value"] {
+        let _ = http
+            .post(format!("{}/v1/charges", service.url))
+            .bearer_auth(key)
+            .header("Idempotency-Key", "s")
+            .header("Content-Type", "application/json")
+            .body(charge_body(1009))
+            .send()
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = service.log().join("\n");
+    assert!(log.contains("request"), "the log was captured");
+    for leaked in [
+        secret.as_str(),
+        "sk_wrong_secret_value",
+        "hunter2-db-password",
+    ] {
+        assert!(!log.contains(leaked), "{leaked} appears in the log");
+    }
+}
