@@ -19,8 +19,10 @@ WORKDIR /app
 # load the workspace; only their manifests and empty targets are needed.
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY testkit/Cargo.toml ./testkit/
-RUN mkdir src testkit/src \
+COPY tools/loadbench/Cargo.toml ./tools/loadbench/
+RUN mkdir src testkit/src tools/loadbench/src \
     && echo 'fn main() {}' > src/main.rs \
+    && echo 'fn main() {}' > tools/loadbench/src/main.rs \
     && touch src/lib.rs testkit/src/lib.rs \
     && cargo build --release --locked --bin chargeonce \
     && rm -rf src
