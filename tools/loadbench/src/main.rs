@@ -250,7 +250,7 @@ async fn measure(
     }
 
     // The instance under load, from here to the end.
-    let service = binary.start(&database.url, out_dir).await;
+    let mut service = binary.start(&database.url, out_dir).await;
     let api = Api::new(service.port, &api_key)?;
 
     say(format!(
@@ -258,7 +258,8 @@ async fn measure(
         plan.pool_size
     ));
     let pool_keys: Vec<String> = (0..plan.pool_size).map(scenario::pool_key).collect();
-    scenario::send_all(&api, POOL_FILL_CONNECTIONS, &pool_keys)
+    let filled = scenario::send_all(&api, POOL_FILL_CONNECTIONS, &pool_keys).await;
+    or_explain(filled, binary, &mut service, out_dir)
         .await?
         .require_success("creating the charges for the replays")?;
     database.create_floor(plan.pool_size).await?;
@@ -283,7 +284,8 @@ async fn measure(
         for &connections in plan.connections {
             checkpoint.run().await;
             let sample =
-                scenario::closed_loop(&api, workload, connections, plan, service.pid()).await?;
+                scenario::closed_loop(&api, workload, connections, plan, service.pid()).await;
+            let sample = or_explain(sample, binary, &mut service, out_dir).await?;
             checkpoint.run().await;
             let own = pgbench
                 .run(&pgbench.own_sql, workload, connections, plan, service.pid())
@@ -313,7 +315,8 @@ async fn measure(
         }
     }
     checkpoint.run().await;
-    let (sample, bursts) = scenario::bursts(&api, plan, service.pid()).await?;
+    let bursts = scenario::bursts(&api, plan, service.pid()).await;
+    let (sample, bursts) = or_explain(bursts, binary, &mut service, out_dir).await?;
     say(format!(
         "burst: {} rounds, {:.0} req/s, p99 {:.2} ms, non-2xx {}, rounds not created exactly once {}",
         bursts.rounds,
@@ -343,4 +346,18 @@ async fn measure(
         ready,
         commands: pgbench.command_lines(),
     })
+}
+
+/// The result of a run against `service`, its error explained if the
+/// service stopped.
+async fn or_explain<T>(
+    result: Result<T>,
+    binary: &ServiceBinary,
+    service: &mut chargeonce_testkit::Spawned,
+    out_dir: &Path,
+) -> Result<T> {
+    match result {
+        Ok(value) => Ok(value),
+        Err(error) => Err(binary.explain(service, error, out_dir).await),
+    }
 }

@@ -21,6 +21,9 @@ use crate::say;
 
 /// Starts of the service timed from spawn to ready.
 const READY_SAMPLES: usize = 5;
+/// How long a failed request waits for the service to exit, to tell a
+/// stopped service from a broken connection.
+const EXIT_GRACE: Duration = Duration::from_secs(5);
 /// The log line that says which port the service bound must be written
 /// whatever level the caller chose.
 const ANNOUNCEMENT: &str = "chargeonce::startup=info";
@@ -112,6 +115,26 @@ impl ServiceBinary {
     pub async fn start(&self, database_url: &str, out_dir: &Path) -> Spawned {
         self.spawn(database_url, out_dir, Duration::from_millis(10))
             .await
+    }
+
+    /// `error`, explained if the service is stopping: a request that fails
+    /// because the service died (or was signalled by something else on the
+    /// machine) should say so, not just that a connection closed. A service
+    /// told to stop finishes its open requests first, so it gets a moment
+    /// to exit.
+    pub async fn explain(
+        &self,
+        service: &mut Spawned,
+        error: anyhow::Error,
+        out_dir: &Path,
+    ) -> anyhow::Error {
+        match service.wait_exit(EXIT_GRACE).await {
+            Some(status) => error.context(format!(
+                "the service exited during the run ({status}); see {}",
+                out_dir.join("service.log").display()
+            )),
+            None => error,
+        }
     }
 
     /// Spawns the service READY_SAMPLES times, one after the other, and
