@@ -451,6 +451,46 @@ pub const APPLIED_MIGRATION: Statement = Statement {
     params: &[],
 };
 
+/// Every statement the service runs, by name: for tools that must know them
+/// all (the load benchmark checks that the service runs no other) and for
+/// the schema tests (every statement on a per-merchant table filters by
+/// merchant).
+pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
+    ("charges::INSERT_OR_FIND", charges::INSERT_OR_FIND),
+    ("charges::FIND_BY_KEY", charges::FIND_BY_KEY),
+    ("charges::FIND", charges::FIND),
+    ("charges::LIST", charges::LIST),
+    ("charges::TAKE_OVER_OR_READ", charges::TAKE_OVER_OR_READ),
+    ("charges::CLAIM_ABANDONED", charges::CLAIM_ABANDONED),
+    ("charges::RECORD_UNKNOWN", charges::RECORD_UNKNOWN),
+    ("charges::FORGET_UNCONFIRMED", charges::FORGET_UNCONFIRMED),
+    ("charges::RECORD_OUTCOME", charges::RECORD_OUTCOME),
+    (
+        "charges::RELEASE_EXPIRED_KEYS",
+        charges::RELEASE_EXPIRED_KEYS,
+    ),
+    ("refunds::RESERVE", refunds::RESERVE),
+    ("refunds::INSERT", refunds::INSERT),
+    ("refunds::REFUNDABLE", refunds::REFUNDABLE),
+    ("refunds::FIND_BY_KEY", refunds::FIND_BY_KEY),
+    ("refunds::FIND", refunds::FIND),
+    ("refunds::LIST", refunds::LIST),
+    ("refunds::LIST_OF_CHARGE", refunds::LIST_OF_CHARGE),
+    ("refunds::TAKE_OVER_OR_READ", refunds::TAKE_OVER_OR_READ),
+    ("refunds::CLAIM_ABANDONED", refunds::CLAIM_ABANDONED),
+    ("refunds::RECORD_OUTCOME", refunds::RECORD_OUTCOME),
+    ("refunds::RECORD_UNKNOWN", refunds::RECORD_UNKNOWN),
+    ("refunds::FORGET_UNCONFIRMED", refunds::FORGET_UNCONFIRMED),
+    (
+        "refunds::RELEASE_EXPIRED_KEYS",
+        refunds::RELEASE_EXPIRED_KEYS,
+    ),
+    ("merchants::CREATE", merchants::CREATE),
+    ("merchants::ENSURE", merchants::ENSURE),
+    ("merchants::FIND_BY_DIGEST", merchants::FIND_BY_DIGEST),
+    ("db::APPLIED_MIGRATION", APPLIED_MIGRATION),
+];
+
 /// The newest migration version applied to the database, if any.
 pub async fn applied_migration(conn: &Conn) -> Result<Option<i64>, DbError> {
     let row = conn.query_opt(&APPLIED_MIGRATION, &[]).await?;

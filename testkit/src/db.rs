@@ -93,12 +93,20 @@ fn unix_now() -> u64 {
 pub struct TestDatabase {
     pub name: String,
     pub url: String,
+    /// The server's admin URL it was made with, and is dropped with.
+    admin: String,
 }
 
 impl TestDatabase {
     /// An empty database (no schema), for tests of migrating itself.
     pub async fn empty() -> Self {
-        Self::create(None).await
+        Self::empty_on(&admin_url()).await
+    }
+
+    /// An empty database on the server of `admin_url` rather than
+    /// [`admin_url()`]'s, for tools that are told which server to use.
+    pub async fn empty_on(admin_url: &str) -> Self {
+        Self::create(admin_url, None).await
     }
 
     /// A database with the schema of `migrations_dir`, cloned from a template
@@ -112,11 +120,11 @@ impl TestDatabase {
         let template = TEMPLATE
             .get_or_init(|| build_template(migrations_dir, migrate))
             .await;
-        Self::create(Some(template)).await
+        Self::create(&admin_url(), Some(template)).await
     }
 
-    async fn create(template: Option<&str>) -> Self {
-        let admin = connect(&admin_url()).await;
+    async fn create(admin_url: &str, template: Option<&str>) -> Self {
+        let admin = connect(admin_url).await;
         sweep_once(&admin).await;
         let name = format!(
             "{TEST_PREFIX}{}_{}",
@@ -131,8 +139,12 @@ impl TestDatabase {
             .batch_execute(&sql)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        let url = with_database(&admin_url(), &name);
-        Self { name, url }
+        let url = with_database(admin_url, &name);
+        Self {
+            name,
+            url,
+            admin: admin_url.to_owned(),
+        }
     }
 
     pub async fn client(&self) -> Client {
@@ -142,7 +154,7 @@ impl TestDatabase {
 
 impl Drop for TestDatabase {
     fn drop(&mut self) {
-        drop_database(&self.name);
+        drop_database_on(&self.admin, &self.name);
     }
 }
 
@@ -209,7 +221,8 @@ where
     name
 }
 
-/// Drops, once per process, test databases that crashed runs left behind.
+/// Drops, once per process, test databases that crashed runs left behind
+/// (on the first server a database is made on).
 async fn sweep_once(admin: &Client) {
     static SWEPT: OnceCell<()> = OnceCell::const_new();
     SWEPT
@@ -242,14 +255,20 @@ async fn sweep_once(admin: &Client) {
 /// Drops a database from a thread of its own, so it works from `Drop` inside
 /// or outside a runtime.
 pub fn drop_database(name: &str) {
+    drop_database_on(&admin_url(), name);
+}
+
+/// [`drop_database`] on the server of `admin_url`.
+pub fn drop_database_on(admin_url: &str, name: &str) {
     let name = name.to_owned();
+    let admin_url = admin_url.to_owned();
     let _ = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("runtime");
         runtime.block_on(async {
-            let admin = connect(&admin_url()).await;
+            let admin = connect(&admin_url).await;
             let _ = admin
                 .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
                 .await;

@@ -2,10 +2,12 @@
 //! benchmark and the chaos run:
 //!
 //! - [`db`]: test databases cloned from a migrated template (migrated once
-//!   per run, `CREATE DATABASE … TEMPLATE`), dropped on `Drop`, leftovers of
-//!   crashed runs swept on first use;
+//!   per run, `CREATE DATABASE … TEMPLATE`) or empty, on the test server or
+//!   one a tool is given, dropped on `Drop`, leftovers of crashed runs swept
+//!   on first use;
 //! - [`process`]: real child processes that announce their port in their log
-//!   and are killed on `Drop`;
+//!   (kept in memory, or written to a file for long runs) and are killed on
+//!   `Drop`;
 //! - [`proxy`]: a TCP proxy that can stall or cut connections, and lose
 //!   answers after the request went through.
 //!
@@ -20,5 +22,5 @@ pub mod proxy;
 pub use db::{admin_url, redact, server_address, with_database, TestDatabase};
 pub use nix::sys::signal::Signal;
 pub use pgbouncer::PgBouncer;
-pub use process::Spawned;
+pub use process::{SpawnOptions, Spawned};
 pub use proxy::{Proxy, ProxyMode};

@@ -3,7 +3,9 @@
 //! (`… listening … port=N`); picking a free port first and passing it on
 //! races with other tests, which may take the port in between.
 
-use std::io::{BufRead, BufReader};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,14 +16,49 @@ use nix::unistd::Pid;
 /// How long a process may take to announce its port and become ready.
 const START_LIMIT: Duration = Duration::from_secs(20);
 
-/// A child process, killed when dropped. Its stderr is read to the end (so
-/// the pipe never fills), kept in `log`, and shown with `TEST_LOG` set.
+/// A child process, killed when dropped. Its stderr is its log: read to the
+/// end (so the pipe never fills), kept in memory and shown with `TEST_LOG`
+/// set; or, with [`SpawnOptions::log_file`], written straight to a file.
 pub struct Spawned {
     pub child: Child,
     pub port: u16,
     /// `http://127.0.0.1:<port>`.
     pub url: String,
-    log: Arc<Mutex<Vec<String>>>,
+    log: Log,
+}
+
+/// Where a process's log goes.
+enum Log {
+    Memory(Arc<Mutex<Vec<String>>>),
+    /// Appended to this file; this process's lines start at `from`.
+    File {
+        path: PathBuf,
+        from: u64,
+    },
+}
+
+/// How [`Spawned::start_with`] starts a process.
+#[derive(Debug, Clone)]
+pub struct SpawnOptions {
+    /// Append the process's stderr to this file instead of keeping it in
+    /// memory: for a process that logs a lot for a long time (a service
+    /// under load), whose log would grow without bound in the parent, and
+    /// whose lines should cost the parent nothing. One process at a time
+    /// per file: the port is looked for in the lines written since the
+    /// spawn.
+    pub log_file: Option<PathBuf>,
+    /// How often to look for the announced port and ask the ready path;
+    /// short when the time to become ready is what is measured.
+    pub poll: Duration,
+}
+
+impl Default for SpawnOptions {
+    fn default() -> Self {
+        Self {
+            log_file: None,
+            poll: Duration::from_millis(10),
+        }
+    }
 }
 
 /// The port in a `… listening … port=N` log line, text or JSON.
@@ -42,42 +79,34 @@ pub fn announced_port(line: &str) -> Option<u16> {
 impl Spawned {
     /// Starts `command` (which must listen on port 0 and log its port),
     /// then waits until `ready_path` answers 200.
-    pub async fn start(mut command: Command, ready_path: &str) -> Self {
-        let mut child = command
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {command:?}: {e}"));
-        let stderr = child.stderr.take().expect("piped stderr");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (port_tx, port_rx) = std::sync::mpsc::channel();
-        let lines = log.clone();
-        std::thread::spawn(move || {
-            let show = std::env::var_os("TEST_LOG").is_some();
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if show {
-                    eprintln!("{line}");
-                }
-                if let Some(port) = announced_port(&line) {
-                    let _ = port_tx.send(port);
-                }
-                lines.lock().unwrap_or_else(|p| p.into_inner()).push(line);
-            }
-        });
+    pub async fn start(command: Command, ready_path: &str) -> Self {
+        Self::start_with(command, ready_path, SpawnOptions::default()).await
+    }
+
+    /// [`Spawned::start`] with a log file or another poll interval.
+    pub async fn start_with(mut command: Command, ready_path: &str, options: SpawnOptions) -> Self {
+        let (mut child, log, port_rx) = match &options.log_file {
+            None => spawn_logging_to_memory(&mut command),
+            Some(path) => spawn_logging_to_file(&mut command, path),
+        };
         let started = Instant::now();
         let port = loop {
-            if let Ok(port) = port_rx.try_recv() {
+            let announced = match &port_rx {
+                Some(port_rx) => port_rx.try_recv().ok(),
+                None => log.lines().iter().find_map(|line| announced_port(line)),
+            };
+            if let Some(port) = announced {
                 break port;
             }
             if let Some(status) = child.try_wait().expect("try_wait") {
-                let log = log.lock().unwrap_or_else(|p| p.into_inner()).join("\n");
+                let log = log.lines().join("\n");
                 panic!("{command:?} exited before listening: {status}\n{log}");
             }
             assert!(
                 started.elapsed() < START_LIMIT,
                 "{command:?} never said which port it listens on"
             );
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            tokio::time::sleep(options.poll).await;
         };
         let spawned = Self {
             child,
@@ -85,11 +114,11 @@ impl Spawned {
             url: format!("http://127.0.0.1:{port}"),
             log,
         };
-        spawned.wait_ready(ready_path).await;
+        spawned.wait_ready(ready_path, options.poll).await;
         spawned
     }
 
-    async fn wait_ready(&self, path: &str) {
+    async fn wait_ready(&self, path: &str, poll: Duration) {
         let started = Instant::now();
         let address = format!("127.0.0.1:{}", self.port);
         loop {
@@ -101,7 +130,7 @@ impl Spawned {
                 "{}{path} never became ready",
                 self.url
             );
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(poll).await;
         }
     }
 
@@ -111,7 +140,7 @@ impl Spawned {
 
     /// The log lines written so far.
     pub fn log(&self) -> Vec<String> {
-        self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.log.lines()
     }
 
     /// Sends `signal` (e.g. `Signal::SIGTERM`, `Signal::SIGKILL`).
@@ -131,6 +160,80 @@ impl Spawned {
                 return None;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Spawns with stderr piped to a thread that keeps (and with `TEST_LOG`
+/// shows) every line and sends the announced port.
+fn spawn_logging_to_memory(
+    command: &mut Command,
+) -> (Child, Log, Option<std::sync::mpsc::Receiver<u16>>) {
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {command:?}: {e}"));
+    let stderr = child.stderr.take().expect("piped stderr");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (port_tx, port_rx) = std::sync::mpsc::channel();
+    let lines = log.clone();
+    std::thread::spawn(move || {
+        let show = std::env::var_os("TEST_LOG").is_some();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if show {
+                eprintln!("{line}");
+            }
+            if let Some(port) = announced_port(&line) {
+                let _ = port_tx.send(port);
+            }
+            lines.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+        }
+    });
+    (child, Log::Memory(log), Some(port_rx))
+}
+
+/// Spawns with stderr appended to `path` directly: no thread of ours reads
+/// it, so a process that logs every request costs its parent nothing.
+fn spawn_logging_to_file(
+    command: &mut Command,
+    path: &std::path::Path,
+) -> (Child, Log, Option<std::sync::mpsc::Receiver<u16>>) {
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+    let from = file
+        .metadata()
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+        .len();
+    let child = command
+        .stdout(Stdio::null())
+        .stderr(file)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {command:?}: {e}"));
+    let log = Log::File {
+        path: path.to_owned(),
+        from,
+    };
+    (child, log, None)
+}
+
+impl Log {
+    fn lines(&self) -> Vec<String> {
+        match self {
+            Self::Memory(lines) => lines.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            Self::File { path, from } => {
+                let mut text = String::new();
+                // A log that cannot be read shows as empty; the caller's
+                // message still names the process.
+                let _ = File::open(path).and_then(|mut file| {
+                    file.seek(SeekFrom::Start(*from))?;
+                    file.read_to_string(&mut text)
+                });
+                text.lines().map(str::to_owned).collect()
+            }
         }
     }
 }

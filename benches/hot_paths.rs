@@ -1,0 +1,100 @@
+//! Micro-benchmarks of the pure functions every charge request runs: the
+//! request fingerprint, parsing and validating the body, and rendering the
+//! charge as JSON for the answer. The load benchmark (scripts/bench) says
+//! how the whole service compares with PostgreSQL; these say which of our
+//! own steps got slower, without a database or a network in the way.
+//!
+//! `cargo bench --bench hot_paths` measures (criterion compares with the
+//! previous run kept in target/criterion); under `cargo test` each function
+//! runs once, as a test that it still works.
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+
+use chargeonce::domain::{Charge, ChargeId, Fingerprint, MerchantId, NewCharge, Status};
+use chrono::Utc;
+use criterion::{criterion_group, criterion_main, Criterion};
+use serde_json::{json, Value};
+
+/// The load benchmark's body: the smallest valid request.
+fn minimal_body() -> Value {
+    json!({"amount": 1000, "currency": "USD"})
+}
+
+/// A request with every field, metadata included.
+fn full_body() -> Value {
+    json!({
+        "amount": 1999,
+        "currency": "EUR",
+        "customer": "cus_8f14e45fceea167a",
+        "description": "Order 7 of the spring catalogue, two items",
+        "metadata": {"order": "7", "cart": "c-51", "channel": "web", "campaign": "spring"}
+    })
+}
+
+/// A succeeded charge with the full request's values, as the answer
+/// renders it.
+fn charge() -> Charge {
+    let metadata = [
+        ("order", "7"),
+        ("cart", "c-51"),
+        ("channel", "web"),
+        ("campaign", "spring"),
+    ];
+    Charge {
+        id: ChargeId::new(),
+        merchant_id: MerchantId::new(),
+        fingerprint: Fingerprint::of(&full_body()),
+        amount: 1999,
+        currency: "EUR".to_owned(),
+        customer: Some("cus_8f14e45fceea167a".to_owned()),
+        description: Some("Order 7 of the spring catalogue, two items".to_owned()),
+        metadata: metadata
+            .into_iter()
+            .map(|(key, value)| (key.to_owned(), value.to_owned()))
+            .collect::<BTreeMap<_, _>>(),
+        status: Status::Succeeded,
+        failure_code: None,
+        failure_message: None,
+        locked_until: None,
+        processor_attempts: 0,
+        refunds_reserved: 0,
+        amount_refunded: 0,
+        processor_payment_id: Some("sim_0123456789abcdef01234567".to_owned()),
+        created_at: Utc::now(),
+    }
+}
+
+fn fingerprint(c: &mut Criterion) {
+    let (minimal, full) = (minimal_body(), full_body());
+    let mut group = c.benchmark_group("Fingerprint::of");
+    group.bench_function("minimal body", |b| {
+        b.iter(|| Fingerprint::of(black_box(&minimal)))
+    });
+    group.bench_function("full body", |b| {
+        b.iter(|| Fingerprint::of(black_box(&full)))
+    });
+    group.finish();
+}
+
+fn parse(c: &mut Criterion) {
+    let (minimal, full) = (minimal_body(), full_body());
+    let mut group = c.benchmark_group("NewCharge::parse");
+    group.bench_function("minimal body", |b| {
+        b.iter(|| NewCharge::parse(black_box(&minimal)))
+    });
+    group.bench_function("full body", |b| {
+        b.iter(|| NewCharge::parse(black_box(&full)))
+    });
+    group.finish();
+}
+
+fn render(c: &mut Criterion) {
+    let charge = charge();
+    c.bench_function("serde_json::to_string(&Charge)", |b| {
+        b.iter(|| serde_json::to_string(black_box(&charge)))
+    });
+}
+
+criterion_group!(hot_paths, fingerprint, parse, render);
+criterion_main!(hot_paths);

@@ -1,0 +1,141 @@
+//! The bench database: a fresh, empty database made by the test kit on the
+//! server the benchmark is given (dropped at the end, a crashed run's
+//! leftovers swept by the kit), with pg_stat_statements, the service's
+//! schema (migrated by the binary itself) and the floor's table. Also what
+//! the report says about the server, and the CHECKPOINT before each run.
+
+use std::cell::Cell;
+
+use anyhow::{Context as _, Result};
+use chargeonce_testkit::{redact, TestDatabase};
+use tokio_postgres::{Client, NoTls};
+
+use crate::say;
+use crate::script;
+
+pub async fn connect(url: &str) -> Result<Client> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .with_context(|| format!("cannot connect to {}", redact(url)))?;
+    // A lost connection shows in the next query's error.
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+pub struct BenchDatabase {
+    /// Dropped with this value.
+    database: TestDatabase,
+    pub url: String,
+    /// A connection to the bench database.
+    pub client: Client,
+    /// A connection to the server's admin database (CHECKPOINT).
+    pub admin: Client,
+}
+
+impl BenchDatabase {
+    pub async fn create(admin_url: &str) -> Result<Self> {
+        let admin = connect(admin_url).await?;
+        let database = TestDatabase::empty_on(admin_url).await;
+        say(format!("created the database {}", database.name));
+        let client = connect(&database.url).await?;
+        client
+            .batch_execute(
+                "CREATE EXTENSION IF NOT EXISTS pg_stat_statements; \
+                 SELECT count(*) FROM pg_stat_statements",
+            )
+            .await
+            .context(
+                "pg_stat_statements is not usable on this server; it must be in \
+                 shared_preload_libraries (scripts/bench's own cluster has it)",
+            )?;
+        Ok(Self {
+            url: database.url.clone(),
+            database,
+            client,
+            admin,
+        })
+    }
+
+    /// Drops the database (its connections are ended first).
+    pub fn close(self) {
+        let name = self.database.name.clone();
+        drop(self.database);
+        say(format!("dropped the database {name}"));
+    }
+
+    /// The floor's table, with `pool_size` rows for its lookups.
+    pub async fn create_floor(&self, pool_size: usize) -> Result<()> {
+        self.client
+            .batch_execute(script::FLOOR_TABLE)
+            .await
+            .context("creating the floor's table")?;
+        self.client
+            .batch_execute(&script::floor_rows(pool_size))
+            .await
+            .context("filling the floor's table")?;
+        Ok(())
+    }
+
+    pub async fn machine(&self) -> Result<Machine> {
+        let mut settings = Vec::new();
+        for name in [
+            "fsync",
+            "synchronous_commit",
+            "shared_buffers",
+            "max_connections",
+        ] {
+            let row = self
+                .client
+                .query_one(&format!("SHOW {name}"), &[])
+                .await
+                .with_context(|| format!("SHOW {name}"))?;
+            settings.push(format!("{name}={}", row.get::<_, String>(0)));
+        }
+        let version = self
+            .client
+            .query_one("SHOW server_version", &[])
+            .await
+            .context("SHOW server_version")?;
+        Ok(Machine {
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu: crate::proc::cpu_model(),
+            postgres: version.get(0),
+            settings: settings.join(", "),
+        })
+    }
+}
+
+/// Where the numbers were taken.
+pub struct Machine {
+    pub cores: usize,
+    pub cpu: String,
+    pub postgres: String,
+    pub settings: String,
+}
+
+/// CHECKPOINT before each measured run, so that no run pays for the
+/// previous one's dirty pages. Needs superuser (or pg_checkpoint); without
+/// it the runs go on unaligned, with one warning.
+pub struct Checkpointer<'a> {
+    admin: &'a Client,
+    warned: Cell<bool>,
+}
+
+impl<'a> Checkpointer<'a> {
+    pub fn new(admin: &'a Client) -> Self {
+        Self {
+            admin,
+            warned: Cell::new(false),
+        }
+    }
+
+    pub async fn run(&self) {
+        if let Err(error) = self.admin.batch_execute("CHECKPOINT").await {
+            if !self.warned.replace(true) {
+                say(format!(
+                    "warning: CHECKPOINT failed ({error}); runs are not aligned on checkpoints"
+                ));
+            }
+        }
+    }
+}

@@ -1,0 +1,341 @@
+//! The Markdown report (printed and written to `report.md`) and the
+//! targets, each with PASS or MISS. A missed target is a result, not a
+//! failure: the benchmark's exit status does not depend on it.
+//!
+//! The two ratios: **service ÷ own SQL** is the cost of our layer over the
+//! SQL the service runs; **service ÷ floor** also includes what that SQL
+//! costs over the least this design can cost, and is the one the targets
+//! use, because a ratio against our own SQL improves when the SQL gets
+//! slower.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::capture::Capture;
+use crate::database::Machine;
+use crate::pgbench::PgbenchRun;
+use crate::scenario::BurstCounts;
+use crate::stats::{Sample, SLOW};
+use crate::Plan;
+
+pub struct Row {
+    pub scenario: String,
+    pub connections: usize,
+    pub sample: Sample,
+    pub own: Option<PgbenchRun>,
+    pub floor: Option<PgbenchRun>,
+}
+
+impl Row {
+    fn ratio(&self, yardstick: Option<&PgbenchRun>) -> Option<f64> {
+        yardstick
+            .filter(|run| run.tps > 0.0)
+            .map(|run| self.sample.rps() / run.tps)
+    }
+
+    pub fn ratio_own(&self) -> Option<f64> {
+        self.ratio(self.own.as_ref())
+    }
+
+    pub fn ratio_floor(&self) -> Option<f64> {
+        self.ratio(self.floor.as_ref())
+    }
+}
+
+pub struct Report {
+    pub machine: Machine,
+    pub rows: Vec<Row>,
+    pub bursts: BurstCounts,
+    pub peak_rss: u64,
+    pub capture: Capture,
+    pub ready: Vec<Duration>,
+    /// The pgbench commands, own SQL then floor.
+    pub commands: Vec<String>,
+}
+
+/// One target and whether it was met (None: not measured in this run).
+pub struct Target {
+    pub name: String,
+    pub measured: String,
+    pub met: Option<bool>,
+}
+
+/// Clients at which latency targets apply.
+const TARGET_CONNECTIONS: usize = 32;
+const NEW_MIN_OF_FLOOR: f64 = 0.8;
+const REPLAY_MIN_OF_FLOOR: f64 = 1.0;
+const P99_NEW_MAX_MS: f64 = 15.0;
+const PEAK_RSS_MAX_MB: f64 = 64.0;
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+fn number(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(|| "—".to_owned(), |v| format!("{v:.decimals$}"))
+}
+
+impl Report {
+    fn row(&self, scenario: &str, connections: usize) -> Option<&Row> {
+        self.rows
+            .iter()
+            .find(|row| row.scenario == scenario && row.connections == connections)
+    }
+
+    pub fn targets(&self) -> Vec<Target> {
+        let mut targets = Vec::new();
+        let mut floor_target = |scenario: &str, connections: usize, min: f64| {
+            let ratio = self.row(scenario, connections).and_then(Row::ratio_floor);
+            targets.push(Target {
+                name: format!("{scenario} ≥ {min:.1} × floor at {connections}"),
+                measured: ratio.map_or("not measured".to_owned(), |r| format!("{r:.2}")),
+                met: ratio.map(|r| r >= min),
+            });
+        };
+        floor_target("new", 32, NEW_MIN_OF_FLOOR);
+        floor_target("new", 64, NEW_MIN_OF_FLOOR);
+        for connections in [1, 32, 64] {
+            floor_target("replay", connections, REPLAY_MIN_OF_FLOOR);
+        }
+
+        let new_32 = self.row("new", TARGET_CONNECTIONS);
+        let p99 = new_32.map(|row| row.sample.tally.percentile_ms(0.99));
+        // The floor's own p99 at the same count says what this machine can
+        // do at all.
+        let floor_p99 = new_32
+            .and_then(|row| row.floor.as_ref())
+            .map_or(String::new(), |run| {
+                format!(" (floor: {:.2} ms)", run.p99_ms)
+            });
+        targets.push(Target {
+            name: format!("p99 of new at {TARGET_CONNECTIONS} ≤ {P99_NEW_MAX_MS:.0} ms"),
+            measured: p99.map_or("not measured".to_owned(), |p| {
+                format!("{p:.2} ms{floor_p99}")
+            }),
+            met: p99.map(|p| p <= P99_NEW_MAX_MS),
+        });
+
+        let at_32: Vec<&Row> = self
+            .rows
+            .iter()
+            .filter(|row| row.connections == TARGET_CONNECTIONS)
+            .collect();
+        let slow: Vec<String> = at_32
+            .iter()
+            .map(|row| format!("{} {}", row.scenario, row.sample.tally.slow()))
+            .collect();
+        targets.push(Target {
+            name: format!(
+                "no request over {} ms in any scenario at {TARGET_CONNECTIONS}",
+                SLOW.as_millis()
+            ),
+            measured: if slow.is_empty() {
+                "not measured".to_owned()
+            } else {
+                slow.join(", ")
+            },
+            met: (!at_32.is_empty()).then(|| at_32.iter().all(|row| row.sample.tally.slow() == 0)),
+        });
+
+        let failures: u64 = self.rows.iter().map(|row| row.sample.tally.non_2xx()).sum();
+        targets.push(Target {
+            name: "zero non-2xx answers".to_owned(),
+            measured: failures.to_string(),
+            met: Some(failures == 0),
+        });
+        let rss = mb(self.peak_rss);
+        targets.push(Target {
+            name: format!("peak RSS ≤ {PEAK_RSS_MAX_MB:.0} MB"),
+            measured: format!("{rss:.1} MB"),
+            met: Some(rss <= PEAK_RSS_MAX_MB),
+        });
+        targets
+    }
+
+    pub fn markdown(&self, plan: &Plan) -> String {
+        let mut md = String::new();
+        let when = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC");
+        let mode = if plan.quick {
+            "quick run (smoke test: numbers are indicative only)"
+        } else {
+            "full run"
+        };
+        let _ = writeln!(md, "## chargeonce load benchmark: {mode}, {when}\n");
+        let m = &self.machine;
+        let _ = writeln!(
+            md,
+            "Machine: {} cores (nproc), {}; PostgreSQL {} ({}). Service: release build, \
+             default configuration, simulated processor with 0 ms latency. Load generator: \
+             one thread, one keep-alive HTTP/1.1 connection per client. Each point: \
+             {:.1} s warm-up, then {:.0} s measured; then pgbench with the service's own SQL, \
+             then pgbench with the floor, likewise, at the same client count.\n",
+            m.cores,
+            m.cpu,
+            m.postgres,
+            m.settings,
+            plan.warmup.as_secs_f64(),
+            plan.measure.as_secs_f64()
+        );
+
+        self.main_table(&mut md);
+        self.pgbench_table(&mut md);
+        self.cpu_table(&mut md);
+        let _ = writeln!(
+            md,
+            "\nBurst: {} measured rounds; rounds in which not exactly one request created the \
+             charge: {}.\n",
+            self.bursts.rounds, self.bursts.not_created_once
+        );
+        self.measures_table(&mut md);
+        self.statements_table(&mut md);
+        md.push_str("\npgbench:\n\n");
+        for command in &self.commands {
+            let _ = writeln!(md, "- `{command}`");
+        }
+
+        md.push_str("\nTargets:\n\n| target | measured | result |\n|---|---|---|\n");
+        for target in self.targets() {
+            let result = match target.met {
+                Some(true) => "PASS",
+                Some(false) => "MISS",
+                None => "—",
+            };
+            let _ = writeln!(md, "| {} | {} | {result} |", target.name, target.measured);
+        }
+        md
+    }
+
+    fn main_table(&self, md: &mut String) {
+        let _ = writeln!(
+            md,
+            "| scenario | connections | requests/s | p50 ms | p99 ms | p99.9 ms | max ms \
+             | over {} ms | non-2xx | own SQL TPS | floor TPS | service ÷ own SQL \
+             | service ÷ floor |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+            SLOW.as_millis()
+        );
+        for row in &self.rows {
+            let tally = &row.sample.tally;
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |",
+                row.scenario,
+                row.connections,
+                row.sample.rps(),
+                tally.percentile_ms(0.50),
+                tally.percentile_ms(0.99),
+                tally.percentile_ms(0.999),
+                tally.latencies.max_ms(),
+                tally.slow(),
+                tally.non_2xx_text(),
+                number(row.own.as_ref().map(|run| run.tps), 0),
+                number(row.floor.as_ref().map(|run| run.tps), 0),
+                number(row.ratio_own(), 2),
+                number(row.ratio_floor(), 2),
+            );
+        }
+    }
+
+    fn pgbench_table(&self, md: &mut String) {
+        md.push_str(
+            "\npgbench latencies per script run (a charge or a replay), from its summary \
+             (mean) and its per-transaction log (p99):\n\n\
+             | scenario | connections | own SQL mean ms | own SQL p99 ms | floor mean ms \
+             | floor p99 ms |\n|---|---:|---:|---:|---:|---:|\n",
+        );
+        for row in self.rows.iter().filter(|row| row.own.is_some()) {
+            let own = row.own.as_ref();
+            let floor = row.floor.as_ref();
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} |",
+                row.scenario,
+                row.connections,
+                number(own.map(|run| run.mean_ms), 2),
+                number(own.map(|run| run.p99_ms), 2),
+                number(floor.map(|run| run.mean_ms), 2),
+                number(floor.map(|run| run.p99_ms), 2),
+            );
+        }
+    }
+
+    fn cpu_table(&self, md: &mut String) {
+        md.push_str(
+            "\nWhere the CPU went, in % of all cores' time during the measured seconds \
+             (from /proc; \"rest\" is PostgreSQL, the kernel and anything else):\n\n\
+             | scenario | connections | service run: busy | service | load generator \
+             | rest | own SQL run: busy | floor run: busy |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for row in &self.rows {
+            let Some(cpu) = row.sample.cpu else { continue };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} |",
+                row.scenario,
+                row.connections,
+                cpu.busy,
+                cpu.service,
+                cpu.generator,
+                cpu.rest(),
+                number(row.own.as_ref().map(|run| run.cpu_busy), 0),
+                number(row.floor.as_ref().map(|run| run.cpu_busy), 0),
+            );
+        }
+    }
+
+    fn measures_table(&self, md: &mut String) {
+        md.push_str("| measure | value |\n|---|---|\n");
+        let _ = writeln!(
+            md,
+            "| peak RSS of the service (VmHWM, after all scenarios) | {:.1} MB |",
+            mb(self.peak_rss)
+        );
+        for (flow, captured) in [
+            ("new charge", &self.capture.new),
+            ("replay", &self.capture.replay),
+        ] {
+            let _ = writeln!(
+                md,
+                "| round trips per {flow} ({} sequential requests) | {:.2} |",
+                captured.requests,
+                captured.round_trips()
+            );
+        }
+        let median = self
+            .ready
+            .get(self.ready.len() / 2)
+            .copied()
+            .unwrap_or_default();
+        let slowest = self.ready.iter().max().copied().unwrap_or_default();
+        let _ = writeln!(
+            md,
+            "| start-to-ready ({} starts, spawn to GET /readyz 200) | median {:.0} ms, max {:.0} ms |",
+            self.ready.len(),
+            ms(median),
+            ms(slowest)
+        );
+    }
+
+    fn statements_table(&self, md: &mut String) {
+        md.push_str(
+            "\nStatements per request (pg_stat_statements), by the constant of chargeonce::db \
+             they are:\n\n| flow | calls | per request | statement |\n|---|---:|---:|---|\n",
+        );
+        for (flow, captured) in [("new", &self.capture.new), ("replay", &self.capture.replay)] {
+            for seen in &captured.statements {
+                let _ = writeln!(
+                    md,
+                    "| {flow} | {} | {:.3} | {} |",
+                    seen.calls,
+                    captured.per_request(seen),
+                    seen.constant.unwrap_or("unknown"),
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,455 @@
+//! The pgbench scripts, two pairs of them (a new charge, a replay):
+//!
+//! - **own SQL**: the statements the service runs per request, taken from
+//!   the constants of `chargeonce::db` and translated by
+//!   [`statement_lines`]: each `$n` becomes a pgbench value of the same
+//!   kind as the service's (a variable given with `-D`, a number pgbench
+//!   draws, or SQL the server evaluates), cast to the parameter's declared
+//!   type, as the service's typed parameters are. Each statement is its own
+//!   transaction, as in the service (autocommit); `\gset` carries the
+//!   charge id from the insert into the outcome update, as the service
+//!   carries it, and makes pgbench fail if a statement finds no row.
+//! - **the floor**: the least SQL this design can cost (one insert and one
+//!   update for a new charge, one unique-index lookup for a replay) on a
+//!   minimal table of its own, written here as it is. It does not change
+//!   when the service does: it is the fixed yardstick.
+//!
+//! With `-M prepared`, pgbench sends `:variables` as parameters of prepared
+//! statements, as the service does.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+use anyhow::{bail, ensure, Context as _, Result};
+use chargeonce::db::charges::{INSERT_OR_FIND, RECORD_OUTCOME};
+use chargeonce::db::Statement;
+use chargeonce::domain::Status;
+use tokio_postgres::Client;
+
+use crate::scenario::POOL_KEY_PREFIX;
+
+/// The constants a new charge runs, in order (capture checks the service
+/// runs exactly these per request).
+pub const NEW_CHARGE_STATEMENTS: &[&str] = &["charges::INSERT_OR_FIND", "charges::RECORD_OUTCOME"];
+/// The constants a replay runs.
+pub const REPLAY_STATEMENTS: &[&str] = &["charges::INSERT_OR_FIND"];
+
+/// A time-ordered id like the service's UUIDv7: milliseconds, then random,
+/// as 32 hex digits (the translator casts them to uuid). Random (v4) ids
+/// would scatter the primary-key inserts over the index.
+const NEW_ID_SQL: &str =
+    "lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0') \
+                          || left(md5(random()::text), 20)";
+/// The simulated processor's payment id: distinct per charge.
+const PAYMENT_ID_SQL: &str = "'sim_' || left(md5(random()::text), 24)";
+/// pgbench's largest random() bound.
+const RANDOM_MAX: &str = "9223372036854775806";
+
+/// A pgbench value for one parameter of a statement.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Value {
+    /// `\set` lines the value needs before the statement: (variable,
+    /// pgbench expression).
+    draws: Vec<(String, String)>,
+    /// What stands for the parameter: `:variable`, or SQL the server
+    /// evaluates on each run.
+    sql: String,
+}
+
+impl Value {
+    /// A pgbench variable: given with `-D`, or set by an earlier `\gset`.
+    pub fn var(name: &str) -> Self {
+        Self {
+            draws: Vec::new(),
+            sql: format!(":{name}"),
+        }
+    }
+
+    /// SQL the server evaluates on each run; it may use `:variables`.
+    pub fn sql(sql: &str) -> Self {
+        Self {
+            draws: Vec::new(),
+            sql: sql.to_owned(),
+        }
+    }
+
+    /// A number pgbench draws on each run (`\set name expression`), used in
+    /// `sql`.
+    pub fn drawn(name: &str, expression: &str, sql: &str) -> Self {
+        Self {
+            draws: vec![(name.to_owned(), expression.to_owned())],
+            sql: sql.to_owned(),
+        }
+    }
+
+    /// The parameter's text in the statement, cast to its declared type.
+    fn render(&self, type_name: &str) -> String {
+        let bare_variable = self
+            .sql
+            .strip_prefix(':')
+            .is_some_and(|name| name.chars().all(|c| c.is_alphanumeric() || c == '_'));
+        if bare_variable {
+            format!("{}::{type_name}", self.sql)
+        } else {
+            format!("({})::{type_name}", self.sql)
+        }
+    }
+}
+
+/// `statement` as pgbench script lines: the `\set`s its values need, then
+/// its SQL on one line with each `$n` replaced by `values[n - 1]` (cast to
+/// the parameter's declared type), ended by `\gset <prefix>` when `gset`
+/// is given (its one row's columns become `:<prefix><column>`, and no row
+/// or several fail the script), else by `;` (the result is not needed).
+pub fn statement_lines(
+    statement: &Statement,
+    values: &[Value],
+    gset: Option<&str>,
+) -> Result<String> {
+    ensure!(
+        values.len() == statement.params.len(),
+        "{} values for a statement with {} parameters",
+        values.len(),
+        statement.params.len()
+    );
+    let mut lines = String::new();
+    let mut drawn = BTreeSet::new();
+    for (name, expression) in values.iter().flat_map(|value| &value.draws) {
+        if drawn.insert(name) {
+            let _ = writeln!(lines, "\\set {name} {expression}");
+        }
+    }
+    let mut used = vec![false; values.len()];
+    let sql = substitute(statement.sql, |n| {
+        let index = n.checked_sub(1).filter(|&i| i < values.len());
+        let index = index.with_context(|| format!("${n} has no value"))?;
+        used[index] = true;
+        Ok(values[index].render(statement.params[index].name()))
+    })?;
+    if let Some(unused) = used.iter().position(|used| !used) {
+        bail!("the statement never uses ${}", unused + 1);
+    }
+    lines.push_str(&sql);
+    match gset {
+        Some(prefix) => {
+            let _ = writeln!(lines, " \\gset {prefix}");
+        }
+        None => lines.push_str(";\n"),
+    }
+    Ok(lines)
+}
+
+/// The SQL on one line, each `$n` outside string literals and quoted
+/// identifiers replaced by `value(n)`. Whitespace outside literals is
+/// collapsed; a comment would swallow the rest of the line, so it is an
+/// error.
+fn substitute(sql: &str, mut value: impl FnMut(usize) -> Result<String>) -> Result<String> {
+    let chars: Vec<char> = sql.trim().chars().collect();
+    let mut out = String::with_capacity(sql.len());
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        match c {
+            '\'' | '"' => {
+                // Copied whole, up to the matching quote (a doubled quote
+                // inside is part of it).
+                let start = i;
+                i += 1;
+                while i < chars.len() {
+                    if chars[i] == c && chars.get(i + 1) == Some(&c) {
+                        i += 2;
+                    } else if chars[i] == c {
+                        i += 1;
+                        break;
+                    } else {
+                        i += 1;
+                    }
+                }
+                out.extend(&chars[start..i]);
+            }
+            '$' if chars.get(i + 1).is_some_and(char::is_ascii_digit) => {
+                let start = i + 1;
+                i = start;
+                while chars.get(i).is_some_and(char::is_ascii_digit) {
+                    i += 1;
+                }
+                let digits: String = chars[start..i].iter().collect();
+                out.push_str(&value(digits.parse().context("a parameter number")?)?);
+            }
+            '-' if chars.get(i + 1) == Some(&'-') => bail!("the SQL has a comment: {sql}"),
+            '/' if chars.get(i + 1) == Some(&'*') => bail!("the SQL has a comment: {sql}"),
+            c if c.is_whitespace() => {
+                if !out.ends_with(' ') {
+                    out.push(' ');
+                }
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A comment line naming a statement of a script.
+fn heading(script: &mut String, index: usize, total: usize, name: &str) {
+    let _ = writeln!(script, "\n-- {index}/{total} {name}");
+}
+
+/// The values `charges::INSERT_OR_FIND` gets in a script, with the key
+/// given: the rest is what the service sends for the benchmark's body.
+fn insert_or_find_values(key: Value) -> Vec<Value> {
+    vec![
+        Value::sql(NEW_ID_SQL),
+        Value::var("merchant_id"),
+        key,
+        Value::var("fingerprint"),
+        Value::var("amount"),
+        Value::var("currency"),
+        Value::sql("NULL"), // customer
+        Value::sql("NULL"), // description
+        Value::var("metadata"),
+        Value::var("lease_ms"),
+    ]
+}
+
+/// A new charge with the service's own SQL: a fresh key per run, the
+/// pending charge inserted, then its outcome (and outbox event) recorded.
+pub fn own_sql_new() -> Result<String> {
+    let key = Value::drawn(
+        "k",
+        &format!("random(1, {RANDOM_MAX})"),
+        "'pgb-' || :run || '-' || :k",
+    );
+    let mut text = String::new();
+    heading(&mut text, 1, 2, NEW_CHARGE_STATEMENTS[0]);
+    text.push_str(&statement_lines(
+        &INSERT_OR_FIND,
+        &insert_or_find_values(key),
+        Some("claim_"),
+    )?);
+    heading(&mut text, 2, 2, NEW_CHARGE_STATEMENTS[1]);
+    text.push_str(&statement_lines(
+        &RECORD_OUTCOME,
+        &[
+            Value::var("claim_id"),
+            Value::var("status"),
+            Value::sql("NULL"), // failure_code
+            Value::sql("NULL"), // failure_message
+            Value::sql(PAYMENT_ID_SQL),
+            Value::sql(NEW_ID_SQL), // the event's id
+            Value::var("payload"),
+        ],
+        Some("outcome_"),
+    )?);
+    Ok(text)
+}
+
+/// A replay with the service's own SQL: a key of the pool, the insert finds
+/// the charge that holds it and returns it.
+pub fn own_sql_replay(pool_size: usize) -> Result<String> {
+    let key = Value::drawn(
+        "i",
+        &format!("random(0, {})", pool_size.saturating_sub(1)),
+        &format!("'{POOL_KEY_PREFIX}' || :i"),
+    );
+    let mut text = String::new();
+    heading(&mut text, 1, 1, REPLAY_STATEMENTS[0]);
+    text.push_str(&statement_lines(
+        &INSERT_OR_FIND,
+        &insert_or_find_values(key),
+        Some("claim_"),
+    )?);
+    Ok(text)
+}
+
+/// The values the own-SQL scripts take from the database, as pgbench
+/// variables (`-D`), so that they reach PostgreSQL as parameters, as the
+/// service's do.
+pub struct ServiceValues {
+    pub merchant_id: String,
+    pub fingerprint: String,
+    pub payload: String,
+}
+
+impl ServiceValues {
+    /// From the first captured charge, made by the service.
+    pub async fn read(db: &Client) -> Result<Self> {
+        let row = db
+            .query_one(
+                "SELECT c.merchant_id::text, '\\x' || encode(c.request_fingerprint, 'hex'), \
+                        e.data::text \
+                   FROM charges c JOIN events e ON e.charge_id = c.id \
+                  WHERE c.client_idempotency_key = 'capture-0'",
+                &[],
+            )
+            .await
+            .context("reading the merchant, fingerprint and event payload of a charge")?;
+        Ok(Self {
+            merchant_id: row.get(0),
+            fingerprint: row.get(1),
+            payload: row.get(2),
+        })
+    }
+
+    /// The `-D` variables of the own-SQL scripts, but `run` (which names
+    /// the run in the keys of new charges).
+    pub fn variables(&self) -> Vec<(String, String)> {
+        [
+            ("merchant_id", self.merchant_id.as_str()),
+            ("fingerprint", self.fingerprint.as_str()),
+            ("payload", self.payload.as_str()),
+            // The benchmark's body, {"amount":1000,"currency":"USD"}.
+            ("amount", "1000"),
+            ("currency", "USD"),
+            ("metadata", "{}"),
+            // The service's default idempotency.lease_ms; any value costs
+            // PostgreSQL the same.
+            ("lease_ms", "30000"),
+            ("status", Status::Succeeded.as_str()),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect()
+    }
+}
+
+/// The floor's table: what a charge needs, nothing more (no events, no
+/// lease, no metadata).
+pub const FLOOR_TABLE: &str = "\
+CREATE TABLE bench_charges (id uuid PRIMARY KEY, merchant_id text NOT NULL, client_idempotency_key text NOT NULL,
+  request_fingerprint bytea NOT NULL, amount bigint NOT NULL CHECK (amount > 0), currency text NOT NULL, customer text,
+  description text, status text NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),
+  updated_at timestamptz NOT NULL DEFAULT now(), UNIQUE (merchant_id, client_idempotency_key));
+";
+
+/// The rows the floor's replays look up, keyed as the service's pool is.
+pub fn floor_rows(pool_size: usize) -> String {
+    format!(
+        "INSERT INTO bench_charges (id, merchant_id, client_idempotency_key, request_fingerprint, \
+                                    amount, currency, customer, description, status) \
+         SELECT gen_random_uuid(), 'm1', '{POOL_KEY_PREFIX}' || i, \
+                sha256(convert_to(i::text, 'UTF8')), 1000, 'EUR', 'cus_x', 'pgbench', 'succeeded' \
+           FROM generate_series(0, {}) AS i",
+        pool_size.saturating_sub(1)
+    )
+}
+
+/// The floor of a new charge: the pending row inserted, then its outcome.
+pub const FLOOR_NEW: &str = "\
+\\set amount random(100, 100000)
+INSERT INTO bench_charges (id, merchant_id, client_idempotency_key, request_fingerprint, amount, currency, customer, description, status)
+VALUES (gen_random_uuid(), 'm1', gen_random_uuid()::text, sha256(convert_to(:amount::text, 'UTF8')), :amount, 'EUR', 'cus_x', 'pgbench', 'pending')
+ON CONFLICT (merchant_id, client_idempotency_key) DO NOTHING RETURNING id \\gset
+UPDATE bench_charges SET status = 'succeeded', updated_at = now() WHERE id = :id;
+";
+
+/// The floor of a replay: one row by (merchant, key) through the unique
+/// index, as fast as a primary-key lookup, with what an answer shows.
+pub fn floor_replay(pool_size: usize) -> String {
+    format!(
+        "\\set i random(0, {})\n\
+         SELECT id, amount, currency, customer, description, status, created_at FROM bench_charges \
+         WHERE merchant_id = 'm1' AND client_idempotency_key = '{POOL_KEY_PREFIX}' || :i \\gset\n",
+        pool_size.saturating_sub(1)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_postgres::types::Type;
+
+    use super::*;
+
+    const UPDATE: Statement = Statement {
+        sql: "UPDATE t SET a = $2,\n    b = 'x $9 y' WHERE id = $1 AND n < $3::bigint",
+        params: &[Type::UUID, Type::TEXT, Type::INT8],
+    };
+
+    #[test]
+    fn parameters_become_typed_pgbench_values_on_one_line() {
+        let lines = statement_lines(
+            &UPDATE,
+            &[
+                Value::var("claim_id"),
+                Value::sql("NULL"),
+                Value::drawn("n", "random(1, 10)", ":n * 2"),
+            ],
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            lines,
+            "\\set n random(1, 10)\n\
+             UPDATE t SET a = (NULL)::text, b = 'x $9 y' WHERE id = :claim_id::uuid \
+             AND n < (:n * 2)::int8::bigint;\n"
+        );
+    }
+
+    #[test]
+    fn gset_ends_a_statement_and_draws_are_set_once() {
+        let key = Value::drawn("k", "random(1, 5)", "'key-' || :k");
+        let statement = Statement {
+            sql: "SELECT id FROM t WHERE a = $1 OR b = $2",
+            params: &[Type::TEXT, Type::TEXT],
+        };
+        let lines = statement_lines(&statement, &[key.clone(), key], Some("row_")).unwrap();
+        assert_eq!(
+            lines,
+            "\\set k random(1, 5)\n\
+             SELECT id FROM t WHERE a = ('key-' || :k)::text OR b = ('key-' || :k)::text \\gset row_\n"
+        );
+    }
+
+    #[test]
+    fn every_parameter_needs_exactly_one_value() {
+        let too_few = statement_lines(&UPDATE, &[Value::var("a")], None);
+        assert!(too_few.unwrap_err().to_string().contains("3 parameters"));
+
+        let unused = Statement {
+            sql: "SELECT $1",
+            params: &[Type::TEXT, Type::TEXT],
+        };
+        let values = [Value::var("a"), Value::var("b")];
+        let error = statement_lines(&unused, &values, None).unwrap_err();
+        assert!(error.to_string().contains("never uses $2"), "{error}");
+
+        let beyond = Statement {
+            sql: "SELECT $1, $2",
+            params: &[Type::TEXT],
+        };
+        let error = statement_lines(&beyond, &[Value::var("a")], None).unwrap_err();
+        assert!(error.to_string().contains("$2 has no value"), "{error}");
+
+        let comment = Statement {
+            sql: "SELECT $1 -- why",
+            params: &[Type::TEXT],
+        };
+        assert!(statement_lines(&comment, &[Value::var("a")], None).is_err());
+    }
+
+    #[test]
+    fn the_services_statements_translate() {
+        let new = own_sql_new().unwrap();
+        assert!(new.contains("\\set k random(1, 9223372036854775806)\n"));
+        assert!(new.contains("('pgb-' || :run || '-' || :k)::text"));
+        assert!(new.contains(" \\gset claim_\n"));
+        assert!(new.contains("WHERE id = :claim_id::uuid"));
+        assert!(new.contains(" \\gset outcome_\n"));
+        assert!(!new.contains('$'), "{new}");
+
+        let replay = own_sql_replay(20_000).unwrap();
+        assert!(replay.contains("\\set i random(0, 19999)\n"));
+        assert!(replay.contains("('pool-' || :i)::text"));
+        assert!(!replay.contains("RECORD") && !replay.contains("UPDATE charges"));
+    }
+
+    #[test]
+    fn the_floor_is_the_fixed_yardstick() {
+        assert!(FLOOR_NEW.contains("RETURNING id \\gset\nUPDATE bench_charges"));
+        assert!(floor_replay(2_000).starts_with("\\set i random(0, 1999)\n"));
+        assert!(floor_rows(2_000).contains("generate_series(0, 1999)"));
+    }
+}
