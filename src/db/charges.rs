@@ -411,7 +411,7 @@ pub async fn release_expired_keys(
 
 /// The smallest UUIDv7 of the millisecond `at`: every id created before that
 /// millisecond sorts below it.
-fn uuid_v7_floor(at: DateTime<Utc>) -> Uuid {
+pub(super) fn uuid_v7_floor(at: DateTime<Utc>) -> Uuid {
     let millis = u64::try_from(at.timestamp_millis()).unwrap_or(0);
     let mut bytes = [0u8; 16];
     bytes[..6].copy_from_slice(&millis.to_be_bytes()[2..]);

@@ -9,7 +9,10 @@
 
 pub mod charges;
 mod codec;
+pub mod events;
 pub mod merchants;
+pub mod webhook_deliveries;
+pub mod webhook_endpoints;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
