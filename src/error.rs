@@ -224,6 +224,7 @@ impl From<ServiceError> for ApiError {
                 retry_after_secs: retry_after.as_secs().max(1),
             },
             ServiceError::NotFound => Self::NotFound,
+            ServiceError::Invalid { detail, errors } => Self::InvalidRequest { detail, errors },
             ServiceError::Unavailable(_)
             | ServiceError::SchemaBehind { .. }
             | ServiceError::KeyContended => Self::ServiceUnavailable(error.into()),

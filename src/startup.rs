@@ -16,6 +16,9 @@ use crate::http::HttpLimits;
 use crate::processor::{self, PaymentProcessor};
 use crate::service::api_keys::ApiKeyCache;
 use crate::service::charges::Charges;
+use crate::service::events::Events;
+use crate::service::webhook_endpoints::WebhookEndpoints;
+use crate::webhooks::TargetPolicy;
 use crate::{http, workers};
 
 #[derive(Debug, thiserror::Error)]
@@ -154,6 +157,10 @@ impl Application {
         let worker_connections = settings.database.pool_size.div_ceil(workers).max(1);
         let database = settings.database.clone();
         let (shared_db, shared_charges) = (background_db.clone(), charges.clone());
+        let endpoints = WebhookEndpoints::new(
+            background_db.clone(),
+            TargetPolicy::new(settings.webhooks.allow_private_targets),
+        );
         // Runs once on each worker thread, so each worker gets a pool of its
         // own (see `worker_database`).
         let server_limits = ServerLimits {
@@ -171,6 +178,8 @@ impl Application {
             let db = worker_database(&database, worker_connections, &shared_db);
             App::new()
                 .app_data(web::Data::new(shared_charges.with_database(db.clone())))
+                .app_data(web::Data::new(Events::new(db.clone())))
+                .app_data(web::Data::new(endpoints.with_database(db.clone())))
                 .app_data(web::Data::new(db))
                 .app_data(api_keys.clone())
                 .app_data(limits.clone())

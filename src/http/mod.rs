@@ -6,8 +6,11 @@ mod auth;
 mod body;
 mod charges;
 pub mod demo;
+mod events;
 mod health;
+mod query;
 pub mod server;
+mod webhook_endpoints;
 
 use actix_web::dev::{Service, ServiceRequest};
 use actix_web::http::header::{HeaderName, HeaderValue};
@@ -36,6 +39,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route(web::get().to(charges::get))
             .default_service(web::to(method_not_allowed)),
     )
+    .configure(events::routes)
+    .configure(webhook_endpoints::routes)
     .route("/healthz", web::get().to(health::healthz))
     .route("/readyz", web::get().to(health::readyz))
     .default_service(web::to(not_found));
