@@ -16,9 +16,10 @@ use crate::http::HttpLimits;
 use crate::processor::{self, PaymentProcessor};
 use crate::service::api_keys::ApiKeyCache;
 use crate::service::charges::Charges;
+use crate::service::dispatch::Dispatcher;
 use crate::service::events::Events;
 use crate::service::webhook_endpoints::WebhookEndpoints;
-use crate::webhooks::TargetPolicy;
+use crate::webhooks::{Sender, TargetPolicy};
 use crate::{http, workers};
 
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +28,8 @@ pub enum StartupError {
     Database(#[from] DbError),
     #[error("processor client: {0}")]
     Processor(#[from] reqwest::Error),
+    #[error("webhook client: {0}")]
+    WebhookClient(#[source] reqwest::Error),
     #[error("cannot listen on {address}: {source}")]
     Bind {
         address: String,
@@ -34,9 +37,13 @@ pub enum StartupError {
     },
 }
 
-/// Connections of the background workers (recovery, key sweeper), apart
-/// from the request handlers' `database.pool_size`.
+/// Connections of the background workers (recovery, key sweeper, event
+/// retention), apart from the request handlers' `database.pool_size`.
 pub const BACKGROUND_CONNECTIONS: usize = 4;
+
+/// Connections of the webhook dispatcher, a pool of its own so deliveries
+/// and requests never wait for each other's connections.
+pub const DISPATCHER_CONNECTIONS: usize = 4;
 
 /// Descriptors kept free beyond the HTTP connections: database connections,
 /// log and pipe files, and room for connections being refused.
@@ -193,6 +200,11 @@ impl Application {
         })
         .map_err(bind_error)?;
 
+        let dispatcher = Dispatcher::new(
+            Database::new(&settings.database, DISPATCHER_CONNECTIONS)?,
+            Sender::new(&settings.webhooks).map_err(StartupError::WebhookClient)?,
+            settings.webhooks.clone(),
+        );
         let stop = CancellationToken::new();
         let background = vec![
             tokio::spawn(workers::sweeper::run(
@@ -203,6 +215,16 @@ impl Application {
             tokio::spawn(workers::recovery::run(
                 charges,
                 settings.recovery.clone(),
+                stop.clone(),
+            )),
+            tokio::spawn(workers::dispatcher::run(
+                dispatcher,
+                settings.webhooks.interval,
+                stop.clone(),
+            )),
+            tokio::spawn(workers::event_retention::run(
+                background_db.clone(),
+                settings.events.clone(),
                 stop.clone(),
             )),
         ];

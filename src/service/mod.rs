@@ -4,6 +4,7 @@
 
 pub mod api_keys;
 pub mod charges;
+pub mod dispatch;
 pub mod events;
 pub mod health;
 pub mod lifecycle;
