@@ -35,6 +35,8 @@ pub struct Settings {
     pub log: LogSettings,
     pub metrics: MetricsSettings,
     pub demo: DemoSettings,
+    pub webhooks: WebhookSettings,
+    pub events: EventSettings,
 }
 
 // Durations are `Duration`s in the code; in the files and variables they
@@ -184,6 +186,46 @@ pub struct DemoSettings {
     pub enabled: bool,
 }
 
+/// Webhook delivery: the dispatcher's pace and retry rules, and which
+/// targets it may connect to.
+#[serde_as]
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookSettings {
+    /// Bound on one delivery attempt: resolving, connecting, sending, the
+    /// answer.
+    #[serde(rename = "timeout_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub timeout: Duration,
+    /// Attempts of one delivery before it is `failed`.
+    pub max_attempts: u32,
+    /// Whether endpoints may be (or resolve to) loopback, private,
+    /// link-local or unspecified addresses.
+    pub allow_private_targets: bool,
+    #[serde(rename = "interval_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub interval: Duration,
+    pub batch_size: i64,
+    #[serde(rename = "backoff_base_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub backoff_base: Duration,
+    #[serde(rename = "max_backoff_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub max_backoff: Duration,
+}
+
+/// How long delivered events are kept, and the pace of their removal.
+#[serde_as]
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventSettings {
+    pub retention_days: u64,
+    #[serde(rename = "sweep_interval_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub sweep_interval: Duration,
+    pub sweep_batch_size: i64,
+}
+
 impl Settings {
     /// Loads the settings the way the binary does: the config folder from
     /// `CHARGEONCE_CONFIG_DIR` (default `config`), variables from the process.
@@ -240,8 +282,9 @@ impl Settings {
             &self.idempotency,
             &self.recovery,
         );
+        let (hooks, events) = (&self.webhooks, &self.events);
         // (key, value, least, most): whole numbers, durations in milliseconds.
-        let bounds: [(&'static str, u128, u128, u128); 20] = [
+        let bounds: &[(&'static str, u128, u128, u128)] = &[
             ("database.pool_size", db.pool_size as u128, 1, 1000),
             (
                 "database.connect_timeout_ms",
@@ -359,8 +402,62 @@ impl Settings {
                 0,
                 10,
             ),
+            (
+                "webhooks.timeout_ms",
+                hooks.timeout.as_millis(),
+                MS,
+                HOUR_MS,
+            ),
+            (
+                "webhooks.max_attempts",
+                u128::from(hooks.max_attempts),
+                1,
+                100,
+            ),
+            (
+                "webhooks.interval_ms",
+                hooks.interval.as_millis(),
+                MS,
+                u128::MAX,
+            ),
+            (
+                "webhooks.batch_size",
+                hooks.batch_size.max(0) as u128,
+                1,
+                1000,
+            ),
+            (
+                "webhooks.backoff_base_ms",
+                hooks.backoff_base.as_millis(),
+                MS,
+                u128::MAX,
+            ),
+            (
+                "webhooks.max_backoff_ms",
+                hooks.max_backoff.as_millis(),
+                hooks.backoff_base.as_millis(),
+                u128::MAX,
+            ),
+            (
+                "events.retention_days",
+                u128::from(events.retention_days),
+                1,
+                36_500,
+            ),
+            (
+                "events.sweep_interval_ms",
+                events.sweep_interval.as_millis(),
+                MS,
+                u128::MAX,
+            ),
+            (
+                "events.sweep_batch_size",
+                events.sweep_batch_size.max(0) as u128,
+                1,
+                100_000,
+            ),
         ];
-        for (key, value, least, most) in bounds {
+        for &(key, value, least, most) in bounds {
             let message = match (least, most) {
                 (_, u128::MAX) if value < least => format!("must be at least {least}"),
                 (0, _) if value > most => format!("must be at most {most}"),
@@ -427,6 +524,26 @@ impl ProcessorSettings {
 impl IdempotencySettings {
     pub fn retention(&self) -> Duration {
         Duration::from_secs(self.retention_hours * 3600)
+    }
+}
+
+/// How much longer than `webhooks.timeout_ms` a delivery's lease lasts: the
+/// attempt itself is cut at the timeout, and this covers starting it (a
+/// pooled connection, a busy scheduler). While the lease lasts no other
+/// dispatcher sends the delivery.
+pub const DELIVERY_LEASE_MARGIN: Duration = Duration::from_secs(5);
+
+impl WebhookSettings {
+    /// How long a dispatcher owns a delivery it claimed (see
+    /// `DELIVERY_LEASE_MARGIN`).
+    pub fn lease(&self) -> Duration {
+        self.timeout + DELIVERY_LEASE_MARGIN
+    }
+}
+
+impl EventSettings {
+    pub fn retention(&self) -> Duration {
+        Duration::from_secs(self.retention_days.saturating_mul(86_400))
     }
 }
 
@@ -534,6 +651,33 @@ mod tests {
     fn a_named_environment_needs_its_file() {
         let error = load(&[("CHARGEONCE_ENV", "staging")]).expect_err("missing file");
         assert!(error.to_string().contains("staging"), "{error}");
+    }
+
+    #[test]
+    fn private_webhook_targets_are_allowed_in_development_only() {
+        assert!(load(&[]).expect("defaults").webhooks.allow_private_targets);
+        let repo_config = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+        let vars = HashMap::from([("CHARGEONCE_ENV".to_owned(), "production".to_owned())]);
+        let production = Settings::load_from(&repo_config, &vars).expect("production loads");
+        assert!(!production.webhooks.allow_private_targets);
+    }
+
+    #[test]
+    fn webhook_backoff_cap_must_not_be_below_its_base() {
+        let error = load(&[
+            ("CHARGEONCE__WEBHOOKS__BACKOFF_BASE_MS", "1000"),
+            ("CHARGEONCE__WEBHOOKS__MAX_BACKOFF_MS", "999"),
+        ])
+        .expect_err("cap below base")
+        .to_string();
+        assert!(
+            error.contains("webhooks.max_backoff_ms") && error.contains("1000"),
+            "{error}"
+        );
+        let error = load(&[("CHARGEONCE__EVENTS__RETENTION_DAYS", "0")])
+            .expect_err("no retention")
+            .to_string();
+        assert!(error.contains("events.retention_days"), "{error}");
     }
 
     #[test]

@@ -257,6 +257,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::RefundExceedsCharge { refundable } => Self::RefundExceedsCharge {
                 refundable_amount: refundable,
             },
+            ServiceError::Invalid { detail, errors } => Self::InvalidRequest { detail, errors },
             ServiceError::Unavailable(_)
             | ServiceError::SchemaBehind { .. }
             | ServiceError::KeyContended => Self::ServiceUnavailable(error.into()),

@@ -13,4 +13,5 @@ pub mod processor;
 pub mod service;
 pub mod startup;
 pub mod telemetry;
+pub mod webhooks;
 pub mod workers;

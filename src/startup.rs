@@ -19,7 +19,11 @@ use crate::metrics::Pools;
 use crate::processor::{self, PaymentProcessor};
 use crate::service::api_keys::ApiKeyCache;
 use crate::service::charges::Charges;
+use crate::service::dispatch::Dispatcher;
+use crate::service::events::Events;
 use crate::service::refunds::Refunds;
+use crate::service::webhook_endpoints::WebhookEndpoints;
+use crate::webhooks::{Sender, TargetPolicy};
 use crate::{http, workers};
 
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +32,8 @@ pub enum StartupError {
     Database(#[from] DbError),
     #[error("processor client: {0}")]
     Processor(#[from] reqwest::Error),
+    #[error("webhook client: {0}")]
+    WebhookClient(#[source] reqwest::Error),
     #[error("cannot listen on {address}: {source}")]
     Bind {
         address: String,
@@ -35,9 +41,13 @@ pub enum StartupError {
     },
 }
 
-/// Connections of the background workers (recovery, key sweeper), apart
-/// from the request handlers' `database.pool_size`.
+/// Connections of the background workers (recovery, key sweeper, event
+/// retention), apart from the request handlers' `database.pool_size`.
 pub const BACKGROUND_CONNECTIONS: usize = 4;
+
+/// Connections of the webhook dispatcher, a pool of its own so deliveries
+/// and requests never wait for each other's connections.
+pub const DISPATCHER_CONNECTIONS: usize = 4;
 
 /// Descriptors kept free beyond the HTTP connections: database connections,
 /// log and pipe files, and room for connections being refused.
@@ -206,6 +216,10 @@ impl Application {
         let database = settings.database.clone();
         let (shared_db, shared_charges, shared_refunds) =
             (background_db.clone(), charges.clone(), refunds.clone());
+        let endpoints = WebhookEndpoints::new(
+            background_db.clone(),
+            TargetPolicy::new(settings.webhooks.allow_private_targets),
+        );
         // Runs once on each worker thread, so each worker gets a pool of its
         // own (see `worker_database`).
         let server_limits = ServerLimits {
@@ -231,6 +245,8 @@ impl Application {
             App::new()
                 .app_data(web::Data::new(shared_charges.with_database(db.clone())))
                 .app_data(web::Data::new(shared_refunds.with_database(db.clone())))
+                .app_data(web::Data::new(Events::new(db.clone())))
+                .app_data(web::Data::new(endpoints.with_database(db.clone())))
                 .app_data(web::Data::new(db))
                 .app_data(api_keys.clone())
                 .app_data(limits.clone())
@@ -257,6 +273,11 @@ impl Application {
             _ => None,
         };
 
+        let dispatcher = Dispatcher::new(
+            Database::new(&settings.database, DISPATCHER_CONNECTIONS)?,
+            Sender::new(&settings.webhooks).map_err(StartupError::WebhookClient)?,
+            settings.webhooks.clone(),
+        );
         let stop = CancellationToken::new();
         let background = vec![
             tokio::spawn(workers::sweeper::run(
@@ -268,6 +289,16 @@ impl Application {
                 charges,
                 refunds,
                 settings.recovery.clone(),
+                stop.clone(),
+            )),
+            tokio::spawn(workers::dispatcher::run(
+                dispatcher,
+                settings.webhooks.interval,
+                stop.clone(),
+            )),
+            tokio::spawn(workers::event_retention::run(
+                background_db.clone(),
+                settings.events.clone(),
                 stop.clone(),
             )),
         ];

@@ -9,8 +9,11 @@
 
 pub mod charges;
 mod codec;
+pub mod events;
 pub mod merchants;
 pub mod refunds;
+pub mod webhook_deliveries;
+pub mod webhook_endpoints;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -488,6 +491,17 @@ pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
     ("merchants::CREATE", merchants::CREATE),
     ("merchants::ENSURE", merchants::ENSURE),
     ("merchants::FIND_BY_DIGEST", merchants::FIND_BY_DIGEST),
+    ("events::LIST", events::LIST),
+    ("events::FIND", events::FIND),
+    ("events::FAN_OUT", events::FAN_OUT),
+    ("events::DELETE_EXPIRED", events::DELETE_EXPIRED),
+    ("webhook_endpoints::INSERT_OR_FIND", webhook_endpoints::INSERT_OR_FIND),
+    ("webhook_endpoints::FIND_BY_KEY", webhook_endpoints::FIND_BY_KEY),
+    ("webhook_endpoints::LIST", webhook_endpoints::LIST),
+    ("webhook_endpoints::DELETE", webhook_endpoints::DELETE),
+    ("webhook_deliveries::CLAIM_DUE", webhook_deliveries::CLAIM_DUE),
+    ("webhook_deliveries::RECORD_ATTEMPT", webhook_deliveries::RECORD_ATTEMPT),
+    ("webhook_deliveries::OF_EVENT", webhook_deliveries::OF_EVENT),
     ("db::APPLIED_MIGRATION", APPLIED_MIGRATION),
 ];
 

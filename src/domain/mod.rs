@@ -3,6 +3,7 @@
 
 pub mod api_key;
 pub mod charge;
+pub mod event;
 pub mod fields;
 pub mod fingerprint;
 pub mod idempotency_key;
@@ -12,9 +13,11 @@ pub mod money;
 mod properties;
 pub mod refund;
 pub mod strict_json;
+pub mod webhook;
 
 pub use api_key::ApiKey;
 pub use charge::{Charge, NewCharge};
+pub use event::{Event, EventType};
 pub use fields::FieldError;
 pub use fingerprint::{Fingerprint, RequestFingerprint};
 pub use idempotency_key::{IdempotencyKey, KeyError};
@@ -22,3 +25,6 @@ pub use ids::{ChargeId, EventId, MerchantId, RefundId, WebhookEndpointId};
 pub use lifecycle::{Outcome, Status};
 pub use money::{Amount, Currency};
 pub use refund::{NewRefund, Refund, RefundReason};
+pub use webhook::{
+    Delivery, DeliveryAttempt, DeliveryStatus, NewWebhookEndpoint, WebhookEndpoint, WebhookSecret,
+};

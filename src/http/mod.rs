@@ -6,11 +6,14 @@ mod auth;
 mod body;
 mod charges;
 pub mod demo;
+mod events;
 mod health;
 pub mod metrics;
+mod query;
 mod refunds;
 mod render;
 pub mod server;
+mod webhook_endpoints;
 
 use actix_web::dev::{Service, ServiceRequest};
 use actix_web::http::header::{HeaderName, HeaderValue};
@@ -55,6 +58,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route(web::get().to(refunds::get))
             .default_service(web::to(method_not_allowed)),
     )
+    .configure(events::routes)
+    .configure(webhook_endpoints::routes)
     .route("/healthz", web::get().to(health::healthz))
     .route("/readyz", web::get().to(health::readyz))
     .default_service(web::to(not_found));

@@ -4,13 +4,17 @@
 
 pub mod api_keys;
 pub mod charges;
+pub mod dispatch;
+pub mod events;
 pub mod health;
 pub mod lifecycle;
 pub mod refunds;
+pub mod webhook_endpoints;
 
 use std::time::Duration;
 
 use crate::db::DbError;
+use crate::domain::FieldError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
@@ -40,6 +44,13 @@ pub enum ServiceError {
     RefundExceedsCharge { refundable: i64 },
     #[error("a charge task failed")]
     TaskFailed(#[source] tokio::task::JoinError),
+    /// A request that parsed but cannot be carried out as asked (a webhook
+    /// URL that leads to a private address).
+    #[error("{detail}")]
+    Invalid {
+        detail: String,
+        errors: Vec<FieldError>,
+    },
 }
 
 impl From<DbError> for ServiceError {

@@ -11,7 +11,7 @@ use crate::helpers::{charge_body, migrated_database, spawn_app_with};
 
 /// The generic plan PostgreSQL caches for `statement` on an empty table that
 /// was never analyzed.
-async fn generic_plan(client: &tokio_postgres::Client, statement: &Statement) -> String {
+pub(crate) async fn generic_plan(client: &tokio_postgres::Client, statement: &Statement) -> String {
     let types: Vec<&str> = statement.params.iter().map(|t| t.name()).collect();
     let nulls = vec!["NULL"; types.len()].join(", ");
     client

@@ -1,0 +1,137 @@
+//! Events: the outbox as merchants see it. Every state change of a charge or
+//! a refund is one event, written in the same transaction as the change
+//! (`db::charges::RECORD_OUTCOME`, …), with `data` = the object as the change
+//! left it. The same JSON is the answer of `GET /v1/events/{id}` and the body
+//! of every webhook delivery of the event, byte for byte.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::ser::{Serialize, SerializeStruct, Serializer};
+use serde_json::Value;
+
+use super::{EventId, MerchantId};
+
+/// The six kinds of event; the database allows exactly these
+/// (`events_type_valid`, `webhook_endpoints_types_valid`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EventType {
+    ChargePending,
+    ChargeSucceeded,
+    ChargeFailed,
+    RefundPending,
+    RefundSucceeded,
+    RefundFailed,
+}
+
+impl EventType {
+    /// Every type, in the order lists show them.
+    pub const ALL: [Self; 6] = [
+        Self::ChargePending,
+        Self::ChargeSucceeded,
+        Self::ChargeFailed,
+        Self::RefundPending,
+        Self::RefundSucceeded,
+        Self::RefundFailed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ChargePending => "charge.pending",
+            Self::ChargeSucceeded => "charge.succeeded",
+            Self::ChargeFailed => "charge.failed",
+            Self::RefundPending => "refund.pending",
+            Self::RefundSucceeded => "refund.succeeded",
+            Self::RefundFailed => "refund.failed",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == text)
+    }
+
+    /// The valid names, for error messages.
+    pub fn names() -> String {
+        Self::ALL.map(Self::as_str).join(", ")
+    }
+}
+
+/// A stored event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub id: EventId,
+    pub merchant_id: MerchantId,
+    pub event_type: EventType,
+    /// The charge or refund as the change left it (its public JSON).
+    pub data: Value,
+    pub created_at: DateTime<Utc>,
+}
+
+impl Event {
+    /// The public JSON: what the API answers and what a webhook carries.
+    pub fn to_json(&self) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec(self)
+    }
+}
+
+/// `{"id","object":"event","type","created_at","data":{"object":…}}`.
+impl Serialize for Event {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(serde::Serialize)]
+        struct Data<'a> {
+            object: &'a Value,
+        }
+        let mut out = serializer.serialize_struct("Event", 5)?;
+        out.serialize_field("id", &self.id.to_string())?;
+        out.serialize_field("object", "event")?;
+        out.serialize_field("type", self.event_type.as_str())?;
+        out.serialize_field(
+            "created_at",
+            &self.created_at.to_rfc3339_opts(SecondsFormat::Micros, true),
+        )?;
+        out.serialize_field("data", &Data { object: &self.data })?;
+        out.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn types_round_trip_and_nothing_else_parses() {
+        for t in EventType::ALL {
+            assert_eq!(EventType::parse(t.as_str()), Some(t));
+        }
+        for bad in [
+            "",
+            "charge",
+            "charge.refunded",
+            "CHARGE.SUCCEEDED",
+            "charge.succeeded ",
+        ] {
+            assert_eq!(EventType::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_public_form_wraps_the_object() {
+        let event = Event {
+            id: EventId::new(),
+            merchant_id: MerchantId::new(),
+            event_type: EventType::ChargeSucceeded,
+            data: json!({"id": "ch_1", "object": "charge"}),
+            created_at: DateTime::from_timestamp(1_700_000_000, 123_456_789).expect("valid"),
+        };
+        let json: Value = serde_json::from_slice(&event.to_json().expect("renders")).expect("json");
+        assert_eq!(
+            json,
+            json!({
+                "id": event.id.to_string(),
+                "object": "event",
+                "type": "charge.succeeded",
+                "created_at": "2023-11-14T22:13:20.123456Z",
+                "data": {"object": {"id": "ch_1", "object": "charge"}},
+            })
+        );
+    }
+}

@@ -1,0 +1,107 @@
+//! `/v1/webhook_endpoints`: create (idempotent, like a charge: the same key
+//! and body replay the first answer byte for byte, its secret included, with
+//! `Idempotent-Replayed: true`; another body is 422), list (no secrets) and
+//! delete.
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::Serialize;
+
+use super::query::Params;
+use super::render::REPLAYED;
+use super::{body, method_not_allowed, AuthenticatedMerchant, HttpLimits};
+use crate::domain::{NewWebhookEndpoint, RequestFingerprint, WebhookEndpoint, WebhookEndpointId};
+use crate::error::ApiError;
+use crate::service::webhook_endpoints::WebhookEndpoints;
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(
+        web::resource("/v1/webhook_endpoints")
+            .route(web::post().to(create))
+            .route(web::get().to(list))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .service(
+        web::resource("/v1/webhook_endpoints/{id}")
+            .route(web::delete().to(delete))
+            .default_service(web::to(method_not_allowed)),
+    );
+}
+
+async fn create(
+    endpoints: web::Data<WebhookEndpoints>,
+    limits: web::Data<HttpLimits>,
+    AuthenticatedMerchant(merchant): AuthenticatedMerchant,
+    request: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let key = body::idempotency_key(&request, "webhook_endpoint")?;
+    let body = body::json(&request, payload, &limits).await?;
+    let new_endpoint = NewWebhookEndpoint::parse(&body)
+        .map_err(|errors| ApiError::invalid("the webhook endpoint is invalid", errors))?;
+    let fingerprint = RequestFingerprint::new(&new_endpoint.normalised(), &body);
+    let reply = endpoints
+        .create(merchant, &key, fingerprint, &new_endpoint)
+        .await?;
+    // From the stored row alone, so a replay is the same bytes.
+    let body = to_json(&reply.endpoint.as_created())?;
+    let mut response = HttpResponse::build(StatusCode::CREATED);
+    response.content_type("application/json");
+    if reply.replayed {
+        response.insert_header((REPLAYED, "true"));
+    }
+    Ok(response.body(body))
+}
+
+#[derive(Serialize)]
+struct Page<'a> {
+    object: &'static str,
+    url: &'static str,
+    has_more: bool,
+    data: &'a [WebhookEndpoint],
+}
+
+async fn list(
+    endpoints: web::Data<WebhookEndpoints>,
+    AuthenticatedMerchant(merchant): AuthenticatedMerchant,
+    request: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    let mut params = Params::parse(request.query_string())?;
+    let limit = params.limit();
+    let starting_after = params.parsed(
+        "starting_after",
+        WebhookEndpointId::parse,
+        "a webhook endpoint id (we_...)",
+    );
+    params.finish()?;
+    let mut found = endpoints.list(merchant, limit + 1, starting_after).await?;
+    let has_more = found.len() as i64 > limit;
+    found.truncate(limit as usize);
+    let page = Page {
+        object: "list",
+        url: "/v1/webhook_endpoints",
+        has_more,
+        data: &found,
+    };
+    Ok(HttpResponse::Ok()
+        .content_type("application/json")
+        .body(to_json(&page)?))
+}
+
+/// Deletes the endpoint and answers with it (no secret, `"deleted": true`).
+/// An endpoint already deleted is 404, like an unknown one.
+async fn delete(
+    endpoints: web::Data<WebhookEndpoints>,
+    AuthenticatedMerchant(merchant): AuthenticatedMerchant,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let id = WebhookEndpointId::parse(&id).ok_or(ApiError::NotFound)?;
+    let deleted = endpoints.delete(merchant, id).await?;
+    Ok(HttpResponse::Ok()
+        .content_type("application/json")
+        .body(to_json(&deleted)?))
+}
+
+fn to_json<T: Serialize>(value: &T) -> Result<String, ApiError> {
+    serde_json::to_string(value).map_err(|e| ApiError::Internal(e.into()))
+}

@@ -1,0 +1,108 @@
+//! Webhook endpoints: created exactly once per idempotency key, listed,
+//! deleted. Creation is one statement (`insert_or_find`): nothing leaves the
+//! process, so unlike a charge there is no lease and nothing to resume; the
+//! key's row is either ours, or an earlier request's to replay (or, with a
+//! different body, a 422).
+//!
+//! With `webhooks.allow_private_targets = false` the URL's host must resolve
+//! to public addresses only, checked before anything is stored.
+
+use crate::db::{self, Database};
+use crate::domain::{
+    FieldError, IdempotencyKey, MerchantId, NewWebhookEndpoint, RequestFingerprint,
+    WebhookEndpoint, WebhookEndpointId, WebhookSecret,
+};
+use crate::webhooks::TargetPolicy;
+
+use super::ServiceError;
+
+/// An endpoint to answer a creation with; `replayed` when the key already
+/// existed.
+#[derive(Debug)]
+pub struct EndpointReply {
+    pub endpoint: WebhookEndpoint,
+    pub replayed: bool,
+}
+
+/// The endpoint flows. Cheap to clone; each HTTP worker has its own (its
+/// pool).
+#[derive(Clone)]
+pub struct WebhookEndpoints {
+    db: Database,
+    targets: TargetPolicy,
+}
+
+impl WebhookEndpoints {
+    pub fn new(db: Database, targets: TargetPolicy) -> Self {
+        Self { db, targets }
+    }
+
+    /// The same flows on another pool.
+    pub fn with_database(&self, db: Database) -> Self {
+        Self { db, ..self.clone() }
+    }
+
+    pub async fn create(
+        &self,
+        merchant: MerchantId,
+        key: &IdempotencyKey,
+        fingerprint: RequestFingerprint,
+        request: &NewWebhookEndpoint,
+    ) -> Result<EndpointReply, ServiceError> {
+        // Before the key is looked at: a replay whose host has since moved
+        // to a private address is refused too, which is what a new request
+        // would get.
+        if let Err(refused) = self.targets.check(&request.url).await {
+            return Err(ServiceError::Invalid {
+                detail: "the webhook endpoint is invalid".into(),
+                errors: vec![FieldError::new("url", refused.to_string())],
+            });
+        }
+        let conn = self.db.conn().await?;
+        let found = db::webhook_endpoints::insert_or_find(
+            &conn,
+            WebhookEndpointId::new(),
+            merchant,
+            key,
+            &fingerprint.current,
+            request,
+            &WebhookSecret::generate(),
+        )
+        .await?;
+        let Some((endpoint, created)) = found else {
+            return Err(ServiceError::KeyContended);
+        };
+        // Same key, different request: a client bug. Never act on it.
+        if !fingerprint.matches(&endpoint.fingerprint) {
+            return Err(ServiceError::KeyReused);
+        }
+        Ok(EndpointReply {
+            endpoint,
+            replayed: !created,
+        })
+    }
+
+    /// Live endpoints, newest first, after `starting_after`.
+    pub async fn list(
+        &self,
+        merchant: MerchantId,
+        limit: i64,
+        starting_after: Option<WebhookEndpointId>,
+    ) -> Result<Vec<WebhookEndpoint>, ServiceError> {
+        let conn = self.db.conn().await?;
+        Ok(db::webhook_endpoints::list(&conn, merchant, limit, starting_after).await?)
+    }
+
+    /// Deletes a live endpoint: no new deliveries to it, pending ones are
+    /// given up. A deleted (or unknown) endpoint is `NotFound`.
+    pub async fn delete(
+        &self,
+        merchant: MerchantId,
+        id: WebhookEndpointId,
+    ) -> Result<WebhookEndpoint, ServiceError> {
+        let conn = self.db.conn().await?;
+        db::webhook_endpoints::delete(&conn, merchant, id)
+            .await?
+            .ok_or(ServiceError::NotFound)
+    }
+}

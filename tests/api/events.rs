@@ -1,0 +1,233 @@
+//! The events API: every state change of a charge is an event, listed
+//! newest first with a cursor and a type filter, readable by id, and only
+//! by its own merchant.
+
+use serde_json::Value;
+
+use chargeonce::db::{events, webhook_deliveries, webhook_endpoints};
+
+use crate::helpers::{charge_body, migrated_database, spawn_app};
+use crate::plans::generic_plan;
+
+fn ids(page: &Value) -> Vec<String> {
+    page["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// `2026-11-30T19:59:39.452451Z`: RFC 3339, microseconds, UTC.
+fn assert_micros_utc(text: &str) {
+    assert!(
+        text.len() == 27 && text.ends_with('Z') && text.as_bytes()[19] == b'.',
+        "{text}"
+    );
+    chrono::DateTime::parse_from_rfc3339(text).unwrap();
+}
+
+#[tokio::test]
+async fn events_are_listed_newest_first_with_a_cursor_and_a_type_filter() {
+    let app = spawn_app().await;
+    let first = app.post_charge("e-1", &charge_body(100)).await.json();
+    let declined = app.post_charge("e-2", &charge_body(102)).await;
+    assert_eq!(declined.status, 402);
+    let third = app.post_charge("e-3", &charge_body(300)).await.json();
+
+    let all = app.get("/v1/events").await;
+    assert_eq!(all.status, 200, "{}", all.body);
+    let all = all.json();
+    assert_eq!(all["object"], "list");
+    assert_eq!(all["has_more"], false);
+    let listed = ids(&all);
+    assert_eq!(listed.len(), 3);
+    let mut sorted = listed.clone();
+    sorted.sort_by(|a, b| b.cmp(a));
+    assert_eq!(listed, sorted, "newest first");
+    let types: Vec<&str> = all["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types,
+        ["charge.succeeded", "charge.failed", "charge.succeeded"]
+    );
+
+    // The shape, and the object as the change left it.
+    let newest = &all["data"][0];
+    assert!(newest["id"].as_str().unwrap().starts_with("evt_"));
+    assert_eq!(newest["object"], "event");
+    assert_micros_utc(newest["created_at"].as_str().unwrap());
+    assert_eq!(newest["data"]["object"], third);
+    assert_eq!(
+        newest.as_object().unwrap().keys().collect::<Vec<_>>(),
+        ["created_at", "data", "id", "object", "type"]
+    );
+    assert_eq!(all["data"][2]["data"]["object"], first);
+    assert_eq!(
+        all["data"][1]["data"]["object"]["failure_code"],
+        "card_declined"
+    );
+
+    // One by id: the same JSON as in the list.
+    let one = app.get(&format!("/v1/events/{}", listed[1])).await;
+    assert_eq!(one.status, 200);
+    assert_eq!(one.json(), all["data"][1]);
+
+    // Pages.
+    let page = app.get("/v1/events?limit=2").await.json();
+    assert_eq!(ids(&page), listed[..2]);
+    assert_eq!(page["has_more"], true);
+    let rest = app
+        .get(&format!("/v1/events?limit=2&starting_after={}", listed[1]))
+        .await
+        .json();
+    assert_eq!(ids(&rest), listed[2..]);
+    assert_eq!(rest["has_more"], false);
+
+    // The type filter, also with the cursor.
+    let failed = app.get("/v1/events?type=charge.failed").await.json();
+    assert_eq!(ids(&failed), [listed[1].clone()]);
+    let succeeded_after = app
+        .get(&format!(
+            "/v1/events?type=charge.succeeded&starting_after={}",
+            listed[0]
+        ))
+        .await
+        .json();
+    assert_eq!(ids(&succeeded_after), [listed[2].clone()]);
+    let none = app.get("/v1/events?type=refund.succeeded").await.json();
+    assert_eq!(ids(&none), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_bad_query_is_400_naming_each_parameter() {
+    let app = spawn_app().await;
+    let cases = [
+        ("type=charge.bogus", vec!["type"]),
+        ("type=", vec!["type"]),
+        ("limit=0", vec!["limit"]),
+        ("limit=101", vec!["limit"]),
+        (
+            "starting_after=ch_00000000000000000000000000000000",
+            vec!["starting_after"],
+        ),
+        ("colour=red", vec!["colour"]),
+        ("limit=5&limit=6", vec!["limit"]),
+        ("type=CHARGE.SUCCEEDED&limit=x", vec!["limit", "type"]),
+    ];
+    for (query, fields) in cases {
+        let reply = app.get(&format!("/v1/events?{query}")).await;
+        let problem = reply.assert_problem(400, "invalid_request");
+        let mut named: Vec<&str> = problem["errors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["field"].as_str().unwrap())
+            .collect();
+        named.sort();
+        assert_eq!(named, fields, "{query}: {problem}");
+    }
+    let problem = app.get("/v1/events?type=nope").await.json();
+    assert!(
+        problem["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("charge.succeeded"),
+        "the message lists the valid types: {problem}"
+    );
+}
+
+#[tokio::test]
+async fn another_merchants_event_is_404_and_not_listed() {
+    let app = spawn_app().await;
+    let other = app.create_merchant("Other").await;
+    app.post_charge("mine", &charge_body(500)).await;
+    let mine = ids(&app.get("/v1/events").await.json());
+    assert_eq!(mine.len(), 1);
+
+    for path in [
+        format!("/v1/events/{}", mine[0]),
+        format!("/v1/events/{}/deliveries", mine[0]),
+        "/v1/events/evt_123".to_owned(),
+        "/v1/events/ch_0192a0b0c0d0e0f00000000000000000".to_owned(),
+        "/v1/events/evt_zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz/deliveries".to_owned(),
+    ] {
+        app.get_as(&other, &path)
+            .await
+            .assert_problem(404, "not_found");
+    }
+    let listed = app.get_as(&other, "/v1/events").await.json();
+    assert_eq!(ids(&listed), Vec::<String>::new());
+    // Even with the other merchant's event as a cursor.
+    let after = app
+        .get_as(&other, &format!("/v1/events?starting_after={}", mine[0]))
+        .await
+        .json();
+    assert_eq!(ids(&after), Vec::<String>::new());
+
+    app.get_as("sk_wrong", "/v1/events")
+        .await
+        .assert_problem(401, "unauthenticated");
+    app.get_as("sk_wrong", &format!("/v1/events/{}", mine[0]))
+        .await
+        .assert_problem(401, "unauthenticated");
+}
+
+/// Like `plans.rs` for charges: on empty, never-analyzed tables every
+/// statement of the outbox goes through an index, never a scan of a whole
+/// table that grows with every charge (a generic plan made while the table
+/// is small is kept as it grows).
+#[tokio::test]
+async fn outbox_statements_do_not_depend_on_statistics() {
+    let database = migrated_database().await;
+    let client = database.client().await;
+    let cases = [
+        ("events::LIST", &events::LIST, "events_listing"),
+        ("events::FIND", &events::FIND, "events_listing"),
+        ("events::FAN_OUT", &events::FAN_OUT, "events_undispatched"),
+        (
+            "events::DELETE_EXPIRED",
+            &events::DELETE_EXPIRED,
+            "webhook_deliveries_one_per_endpoint",
+        ),
+        (
+            "webhook_deliveries::CLAIM_DUE",
+            &webhook_deliveries::CLAIM_DUE,
+            "webhook_deliveries_due",
+        ),
+        (
+            "webhook_deliveries::RECORD_ATTEMPT",
+            &webhook_deliveries::RECORD_ATTEMPT,
+            "webhook_deliveries_pkey",
+        ),
+        (
+            "webhook_deliveries::OF_EVENT",
+            &webhook_deliveries::OF_EVENT,
+            "webhook_deliveries_one_per_endpoint",
+        ),
+        (
+            "webhook_endpoints::FIND_BY_KEY",
+            &webhook_endpoints::FIND_BY_KEY,
+            "webhook_endpoints_merchant_key_unique",
+        ),
+        (
+            "webhook_endpoints::LIST",
+            &webhook_endpoints::LIST,
+            "webhook_endpoints_of_merchant",
+        ),
+    ];
+    for (name, statement, index) in cases {
+        let plan = generic_plan(&client, statement).await;
+        assert!(plan.contains(index), "{name} does not use {index}:\n{plan}");
+        for table in ["events", "webhook_deliveries", "webhook_attempts"] {
+            assert!(
+                !plan.contains(&format!("Seq Scan on {table}")),
+                "{name} scans all of {table}:\n{plan}"
+            );
+        }
+    }
+}
