@@ -47,6 +47,10 @@ async fn start_psp_sim() -> Spawned {
 /// short processor timeouts and a short lease, so a charge caught by the
 /// failover settles within the test's patience.
 async fn start_service(database_url: &str, psp: &Spawned) -> Spawned {
+    Spawned::start(service_command(database_url, psp), "/readyz").await
+}
+
+fn service_command(database_url: &str, psp: &Spawned) -> Command {
     let mut command = chargeonce(database_url);
     command
         .env("RUST_LOG", ANNOUNCING_LOG)
@@ -59,7 +63,7 @@ async fn start_service(database_url: &str, psp: &Spawned) -> Spawned {
         .env("CHARGEONCE__RECOVERY__INTERVAL_MS", "200")
         .env("CHARGEONCE__DEMO__ENABLED", "false")
         .arg("serve");
-    Spawned::start(command, "/readyz").await
+    command
 }
 
 /// A merchant made with the real CLI; its secret API key.
@@ -143,6 +147,30 @@ async fn charge_until_final(
     body: &str,
     journal: &Journal,
 ) -> (u16, String) {
+    charge_within(
+        http,
+        base,
+        secret,
+        key,
+        body,
+        journal,
+        Duration::from_secs(40),
+    )
+    .await
+    .unwrap_or_else(|| panic!("{key} never got a final answer"))
+}
+
+/// `charge_until_final` for at most `patience`; `None` if no answer was
+/// final by then.
+async fn charge_within(
+    http: &reqwest::Client,
+    base: &str,
+    secret: &str,
+    key: &str,
+    body: &str,
+    journal: &Journal,
+    patience: Duration,
+) -> Option<(u16, String)> {
     let started = Instant::now();
     loop {
         let sent = Instant::now();
@@ -171,12 +199,11 @@ async fn charge_until_final(
             answer: answer.clone(),
         });
         if let Ok((status @ (201 | 402), text)) = answer {
-            return (status, text);
+            return Some((status, text));
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(40),
-            "{key} never got a final answer"
-        );
+        if started.elapsed() >= patience {
+            return None;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -530,4 +557,78 @@ async fn the_primary_crashes_under_load_and_the_promoted_standby_takes_over() {
         .unwrap();
     assert_eq!(ready.status(), 200);
     println!("failover: test took {} ms", ms(test_started.elapsed()));
+}
+
+/// A charge body with this amount.
+fn charge_body(amount: i64) -> String {
+    format!(r#"{{"amount":{amount},"currency":"USD"}}"#)
+}
+
+/// One attempt, as the journal has it.
+async fn post_charge(
+    http: &reqwest::Client,
+    base: &str,
+    secret: &str,
+    key: &str,
+    body: &str,
+) -> Result<(u16, String), String> {
+    let journal = Journal::default();
+    charge_within(http, base, secret, key, body, &journal, Duration::ZERO).await;
+    journal.all().pop().unwrap().answer
+}
+
+/// A switchover as an operator does it: the primary is *fenced* first
+/// (`default_transaction_read_only`, reloaded: it stays up but refuses
+/// every write, on the connections already open too), then the standby is
+/// promoted. While fenced, a write fails with SQLSTATE 25006
+/// (read_only_sql_transaction): nothing was written, so the client is told
+/// 503, not 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_primary_is_a_503_and_the_service_moves_to_the_promoted_standby() {
+    let cluster = Cluster::start().await;
+    cluster.primary().create_database("chargeonce").await;
+    let url = cluster.url("chargeonce", "target_session_attrs=read-write");
+    let psp = start_psp_sim().await;
+    let service = start_service(&url, &psp).await;
+    let secret = create_merchant(&url).await;
+    let http = reqwest::Client::new();
+    let journal = Journal::default();
+    let before = charge_until_final(
+        &http,
+        &service.url,
+        &secret,
+        "before",
+        &charge_body(1000),
+        &journal,
+    )
+    .await;
+    assert_eq!(before.0, 201, "{}", before.1);
+
+    let primary = cluster.primary().connect("postgres").await;
+    primary
+        .batch_execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        .await
+        .unwrap();
+    primary
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..5 {
+        let answer = post_charge(
+            &http,
+            &service.url,
+            &secret,
+            &format!("fenced-{i}"),
+            &charge_body(2000 + i),
+        )
+        .await;
+        let status = answer.as_ref().map(|(status, _)| *status);
+        assert_eq!(
+            status,
+            Ok(503),
+            "{answer:?}\nservice log:\n{}",
+            service.log().join("\n")
+        );
+    }
 }

@@ -97,6 +97,9 @@ impl DbError {
                             || *code == SqlState::TOO_MANY_CONNECTIONS
                             || *code == SqlState::T_R_SERIALIZATION_FAILURE
                             || *code == SqlState::T_R_DEADLOCK_DETECTED
+                            // A standby, or a primary fenced read-only for a
+                            // switchover: the write did not happen.
+                            || *code == SqlState::READ_ONLY_SQL_TRANSACTION
                             || code.code().starts_with("08")
                     }
                 }
