@@ -631,4 +631,47 @@ async fn a_fenced_primary_is_a_503_and_the_service_moves_to_the_promoted_standby
             service.log().join("\n")
         );
     }
+
+    // The switchover: the standby is promoted. Connections open on the
+    // fenced primary must not be used again; new ones find the new primary.
+    cluster.standby().promote().await;
+    let promoted_at = Instant::now();
+    let after = charge_within(
+        &http,
+        &service.url,
+        &secret,
+        "fenced-0",
+        &charge_body(2000),
+        &journal,
+        Duration::from_secs(15),
+    )
+    .await;
+    let Some((status, reply)) = after else {
+        panic!(
+            "no final answer within 15 s of the promotion: {:?}\nservice log:\n{}",
+            count_by_status(journal.all().iter()),
+            service.log().join("\n")
+        );
+    };
+    assert_eq!(status, 201, "{reply}");
+    println!(
+        "switchover: first 201 {} ms after the promotion",
+        promoted_at.elapsed().as_millis()
+    );
+    let id = charge_id(status, &reply);
+    let on_new_primary: i64 = cluster
+        .standby()
+        .connect("chargeonce")
+        .await
+        .query_one(
+            "SELECT count(*) FROM charges WHERE id = $1",
+            &[&id.trim_start_matches("ch_").parse::<uuid::Uuid>().unwrap()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(on_new_primary, 1);
+    // The charge made before the switchover replays from the new primary.
+    let replay = post_charge(&http, &service.url, &secret, "before", &charge_body(1000)).await;
+    assert_eq!(replay, Ok(before));
 }

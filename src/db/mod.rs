@@ -248,9 +248,10 @@ impl Conn {
             }
             Ok(Err(error)) => {
                 // A statement PostgreSQL rejected leaves the connection as
-                // good as before; a closed or failing socket does not.
-                let connection_failed = error.code().is_none();
-                self.broken.store(connection_failed, Ordering::Relaxed);
+                // good as before; a closed or failing socket does not, nor
+                // a server that cannot take writes any more.
+                self.broken
+                    .store(connection_unusable(&error), Ordering::Relaxed);
                 Err(DbError::Query(error))
             }
             Err(_) => Err(DbError::Timeout(self.deadline)),
@@ -301,6 +302,22 @@ impl Conn {
         })
         .await
     }
+}
+
+/// Whether a connection that got `error` must not be used again: it failed
+/// (no SQLSTATE), its server is going away, or the server is read-only (a
+/// standby, or a primary fenced for a switchover; it refuses our writes on
+/// this connection for good, while a new one, with
+/// `target_session_attrs=read-write`, finds the new primary).
+fn connection_unusable(error: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    error.code().is_none_or(|code| {
+        *code == SqlState::READ_ONLY_SQL_TRANSACTION
+            || *code == SqlState::ADMIN_SHUTDOWN
+            || *code == SqlState::CRASH_SHUTDOWN
+            || *code == SqlState::CANNOT_CONNECT_NOW
+            || code.code().starts_with("08")
+    })
 }
 
 impl Drop for Conn {
