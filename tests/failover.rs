@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chargeonce_testkit::{Cluster, Spawned};
+use chargeonce_testkit::{Cluster, Proxy, ProxyMode, Spawned};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_chargeonce");
@@ -674,4 +674,82 @@ async fn a_fenced_primary_is_a_503_and_the_service_moves_to_the_promoted_standby
     // The charge made before the switchover replays from the new primary.
     let replay = post_charge(&http, &service.url, &secret, "before", &charge_body(1000)).await;
     assert_eq!(replay, Ok(before));
+}
+
+/// The primary vanishes behind a partition: its connections, open and new,
+/// stall without an error (a testkit `Proxy` in front of it, stalled), and
+/// the standby is promoted. A connection attempt must not wait on the
+/// stalled host for good: the next host in the URL is the new primary. A
+/// service started during the partition must get through too (its
+/// migrations on start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_primary_is_passed_over_for_the_promoted_standby() {
+    let cluster = Cluster::start().await;
+    cluster.primary().create_database("chargeonce").await;
+    let proxy = Proxy::start(cluster.primary().address()).await;
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/chargeonce?target_session_attrs=read-write",
+        proxy.port,
+        cluster.standby().port()
+    );
+    let psp = start_psp_sim().await;
+    let service = start_service(&url, &psp).await;
+    let secret = create_merchant(&url).await;
+    let http = reqwest::Client::new();
+    let journal = Journal::default();
+    let before = charge_until_final(
+        &http,
+        &service.url,
+        &secret,
+        "before",
+        &charge_body(1000),
+        &journal,
+    )
+    .await;
+    assert_eq!(before.0, 201, "{}", before.1);
+
+    proxy.set_mode(ProxyMode::Stall);
+    cluster.standby().promote().await;
+    let promoted_at = Instant::now();
+    let after = charge_within(
+        &http,
+        &service.url,
+        &secret,
+        "after",
+        &charge_body(3000),
+        &journal,
+        Duration::from_secs(20),
+    )
+    .await;
+    let Some((status, reply)) = after else {
+        panic!(
+            "no final answer within 20 s of the promotion: {:?}\nservice log:\n{}",
+            count_by_status(journal.all().iter()),
+            service.log().join("\n")
+        );
+    };
+    assert_eq!(status, 201, "{reply}");
+    println!(
+        "partition: first 201 {} ms after the promotion; answers {:?}",
+        promoted_at.elapsed().as_millis(),
+        count_by_status(journal.all().iter())
+    );
+    let replay = post_charge(&http, &service.url, &secret, "before", &charge_body(1000)).await;
+    assert_eq!(replay, Ok(before));
+
+    // A second instance starts (and migrates) with the primary still
+    // unreachable.
+    let mut command = service_command(&url, &psp);
+    command.env("CHARGEONCE__SERVER__PORT", "0");
+    let second = Spawned::start(command, "/readyz").await;
+    let created = charge_until_final(
+        &http,
+        &second.url,
+        &secret,
+        "second",
+        &charge_body(4000),
+        &journal,
+    )
+    .await;
+    assert_eq!(created.0, 201, "{}", created.1);
 }

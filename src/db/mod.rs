@@ -9,6 +9,7 @@
 
 pub mod charges;
 mod codec;
+mod connect;
 pub mod merchants;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,11 +19,13 @@ use deadpool_postgres::{
     Manager, ManagerConfig, Object, Pool, QueueMode, RecyclingMethod, Runtime, Timeouts,
 };
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::Row;
 
 use secrecy::ExposeSecret;
 
 use crate::config::DatabaseSettings;
+
+use self::connect::Connector;
 
 mod embedded {
     refinery::embed_migrations!("migrations");
@@ -148,14 +151,18 @@ pub struct Database {
 
 impl Database {
     /// A pool of at most `max_size` connections. Creating it connects to
-    /// nothing; connections open on demand, bounded by `connect_timeout_ms`,
-    /// so an unreachable database turns into a quick 503 rather than a hung
-    /// request. The task that drives a connection runs on the thread that
-    /// opened it.
+    /// nothing; connections open on demand, bounded by `connect_timeout_ms`
+    /// (for each host the URL names, see `connect`), so an unreachable
+    /// database turns into a quick 503 rather than a hung request. The task
+    /// that drives a connection runs on the thread that opened it.
     pub fn new(settings: &DatabaseSettings, max_size: usize) -> Result<Self, DbError> {
-        let manager = Manager::from_config(
-            pg_config(settings)?,
-            NoTls,
+        let config = pg_config(settings)?;
+        // Each host of the URL in turn, each within connect_timeout_ms.
+        let connector = Connector::new(&config, settings.connect_timeout);
+        let create = Some(connector.bound());
+        let manager = Manager::from_connect(
+            config,
+            connector,
             // Fast: no extra round trip per checkout; a closed connection is
             // still detected and replaced, and a hung one is discarded by
             // the statement deadline.
@@ -172,7 +179,7 @@ impl Database {
             .queue_mode(QueueMode::Lifo)
             .timeouts(Timeouts {
                 wait: timeout,
-                create: timeout,
+                create,
                 recycle: timeout,
             })
             .runtime(Runtime::Tokio1)
@@ -336,11 +343,10 @@ impl Drop for Conn {
 /// instances may call this at once: a session advisory lock lets one work
 /// while the others wait, and they then find nothing left to do.
 pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, DbError> {
-    let config = pg_config(settings)?;
-    let connect = config.connect(NoTls);
-    let (mut client, connection) = tokio::time::timeout(settings.connect_timeout, connect)
+    let connector = Connector::new(&pg_config(settings)?, settings.connect_timeout);
+    let (mut client, connection) = tokio::time::timeout(connector.bound(), connector.connect())
         .await
-        .map_err(|_| DbError::Timeout(settings.connect_timeout))?
+        .map_err(|_| DbError::Timeout(connector.bound()))?
         .map_err(DbError::Connect)?;
     let connection = tokio::spawn(connection);
     client
