@@ -753,3 +753,40 @@ async fn a_partitioned_primary_is_passed_over_for_the_promoted_standby() {
     .await;
     assert_eq!(created.0, 201, "{}", created.1);
 }
+
+/// A URL that names several hosts without `target_session_attrs`, the
+/// standby first (as after a failover, when the old primary's host comes
+/// back as a standby and the URL was not changed). chargeonce writes on
+/// every request, so it must connect only where it can write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_hosts_without_target_session_attrs_still_lead_to_the_primary() {
+    let cluster = Cluster::start().await;
+    cluster.primary().create_database("chargeonce").await;
+    cluster.wait_for_replay().await;
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/chargeonce",
+        cluster.standby().port(),
+        cluster.primary().port()
+    );
+    let psp = start_psp_sim().await;
+    let service = start_service(&url, &psp).await;
+    let secret = create_merchant(&url).await;
+    let http = reqwest::Client::new();
+    let journal = Journal::default();
+    let created = charge_within(
+        &http,
+        &service.url,
+        &secret,
+        "standby-first",
+        &charge_body(5000),
+        &journal,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(
+        created.as_ref().map(|(status, _)| *status),
+        Some(201),
+        "{created:?} {:?}",
+        count_by_status(journal.all().iter())
+    );
+}

@@ -24,7 +24,7 @@ use std::time::Duration;
 use deadpool_postgres::Connect;
 use futures_util::future::BoxFuture;
 use rand::seq::SliceRandom;
-use tokio_postgres::config::{Host, LoadBalanceHosts};
+use tokio_postgres::config::{Host, LoadBalanceHosts, TargetSessionAttrs};
 use tokio_postgres::tls::NoTlsStream;
 use tokio_postgres::{Client, Config, Connection, NoTls, Socket};
 
@@ -141,6 +141,20 @@ impl Connect for Connector {
             });
             Ok((client, task))
         })
+    }
+}
+
+/// chargeonce writes on every request, so when the URL names several hosts
+/// (a primary and its standbys) a session is of use only on the one that
+/// takes writes. tokio-postgres, like libpq, defaults to
+/// `target_session_attrs=any`: the first host that answers, which may be a
+/// standby (after a failover, the old primary's host often comes back as
+/// one). So with several hosts, `any`, given or not, is taken as
+/// `read-write`.
+pub fn prefer_read_write(config: &mut Config) {
+    let hosts = config.get_hosts().len().max(config.get_hostaddrs().len());
+    if hosts > 1 && config.get_target_session_attrs() == TargetSessionAttrs::Any {
+        config.target_session_attrs(TargetSessionAttrs::ReadWrite);
     }
 }
 
@@ -276,6 +290,25 @@ mod tests {
             Duration::from_secs(1),
         );
         assert_eq!(elsewhere.order(), [0, 1]);
+    }
+
+    #[test]
+    fn several_hosts_mean_a_read_write_session_unless_read_only_is_asked() {
+        let attrs = |url: &str| {
+            let mut config = parse(url);
+            prefer_read_write(&mut config);
+            config.get_target_session_attrs()
+        };
+        assert_eq!(attrs("postgres://u@a,b/db"), TargetSessionAttrs::ReadWrite);
+        assert_eq!(
+            attrs("postgres://u@a,b/db?target_session_attrs=any"),
+            TargetSessionAttrs::ReadWrite
+        );
+        assert_eq!(
+            attrs("postgres://u@a,b/db?target_session_attrs=read-only"),
+            TargetSessionAttrs::ReadOnly
+        );
+        assert_eq!(attrs("postgres://u@a/db"), TargetSessionAttrs::Any);
     }
 
     #[test]

@@ -116,6 +116,7 @@ impl DbError {
 fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, DbError> {
     let mut config: tokio_postgres::Config =
         settings.url.expose_secret().parse().map_err(DbError::Url)?;
+    connect::prefer_read_write(&mut config);
     let statement_timeout = format!(
         "-c statement_timeout={}",
         settings.statement_timeout.as_millis()
