@@ -9,6 +9,7 @@
 
 pub mod charges;
 mod codec;
+mod connect;
 pub mod events;
 pub mod merchants;
 pub mod refunds;
@@ -22,11 +23,13 @@ use deadpool_postgres::{
     Manager, ManagerConfig, Object, Pool, QueueMode, RecyclingMethod, Runtime, Timeouts,
 };
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::Row;
 
 use secrecy::ExposeSecret;
 
 use crate::config::DatabaseSettings;
+
+use self::connect::Connector;
 
 mod embedded {
     refinery::embed_migrations!("migrations");
@@ -101,6 +104,9 @@ impl DbError {
                             || *code == SqlState::TOO_MANY_CONNECTIONS
                             || *code == SqlState::T_R_SERIALIZATION_FAILURE
                             || *code == SqlState::T_R_DEADLOCK_DETECTED
+                            // A standby, or a primary fenced read-only for a
+                            // switchover: the write did not happen.
+                            || *code == SqlState::READ_ONLY_SQL_TRANSACTION
                             || code.code().starts_with("08")
                     }
                 }
@@ -114,6 +120,7 @@ impl DbError {
 fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, DbError> {
     let mut config: tokio_postgres::Config =
         settings.url.expose_secret().parse().map_err(DbError::Url)?;
+    connect::prefer_read_write(&mut config);
     // 0: leave statement_timeout to the server (and to PgBouncer, which
     // refuses startup options unless told to ignore them).
     if !settings.statement_timeout.is_zero() {
@@ -158,14 +165,18 @@ pub struct Database {
 
 impl Database {
     /// A pool of at most `max_size` connections. Creating it connects to
-    /// nothing; connections open on demand, bounded by `connect_timeout_ms`,
-    /// so an unreachable database turns into a quick 503 rather than a hung
-    /// request. The task that drives a connection runs on the thread that
-    /// opened it.
+    /// nothing; connections open on demand, bounded by `connect_timeout_ms`
+    /// (for each host the URL names, see `connect`), so an unreachable
+    /// database turns into a quick 503 rather than a hung request. The task
+    /// that drives a connection runs on the thread that opened it.
     pub fn new(settings: &DatabaseSettings, max_size: usize) -> Result<Self, DbError> {
-        let manager = Manager::from_config(
-            pg_config(settings)?,
-            NoTls,
+        let config = pg_config(settings)?;
+        // Each host of the URL in turn, each within connect_timeout_ms.
+        let connector = Connector::new(&config, settings.connect_timeout);
+        let create = Some(connector.bound());
+        let manager = Manager::from_connect(
+            config,
+            connector,
             // Fast: no extra round trip per checkout; a closed connection is
             // still detected and replaced, and a hung one is discarded by
             // the statement deadline.
@@ -182,7 +193,7 @@ impl Database {
             .queue_mode(QueueMode::Lifo)
             .timeouts(Timeouts {
                 wait: timeout,
-                create: timeout,
+                create,
                 recycle: timeout,
             })
             .runtime(Runtime::Tokio1)
@@ -269,9 +280,10 @@ impl Conn {
             }
             Ok(Err(error)) => {
                 // A statement PostgreSQL rejected leaves the connection as
-                // good as before; a closed or failing socket does not.
-                let connection_failed = error.code().is_none();
-                self.broken.store(connection_failed, Ordering::Relaxed);
+                // good as before; a closed or failing socket does not, nor
+                // a server that cannot take writes any more.
+                self.broken
+                    .store(connection_unusable(&error), Ordering::Relaxed);
                 Err(DbError::Query(error))
             }
             Err(_) => Err(DbError::Timeout(self.deadline)),
@@ -400,6 +412,22 @@ impl Conn {
     }
 }
 
+/// Whether a connection that got `error` must not be used again: it failed
+/// (no SQLSTATE), its server is going away, or the server is read-only (a
+/// standby, or a primary fenced for a switchover; it refuses our writes on
+/// this connection for good, while a new one, with
+/// `target_session_attrs=read-write`, finds the new primary).
+fn connection_unusable(error: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    error.code().is_none_or(|code| {
+        *code == SqlState::READ_ONLY_SQL_TRANSACTION
+            || *code == SqlState::ADMIN_SHUTDOWN
+            || *code == SqlState::CRASH_SHUTDOWN
+            || *code == SqlState::CANNOT_CONNECT_NOW
+            || code.code().starts_with("08")
+    })
+}
+
 impl Drop for Conn {
     fn drop(&mut self) {
         if let Some(client) = self.client.take() {
@@ -416,11 +444,10 @@ impl Drop for Conn {
 /// instances may call this at once: a session advisory lock lets one work
 /// while the others wait, and they then find nothing left to do.
 pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, DbError> {
-    let config = pg_config(settings)?;
-    let connect = config.connect(NoTls);
-    let (mut client, connection) = tokio::time::timeout(settings.connect_timeout, connect)
+    let connector = Connector::new(&pg_config(settings)?, settings.connect_timeout);
+    let (mut client, connection) = tokio::time::timeout(connector.bound(), connector.connect())
         .await
-        .map_err(|_| DbError::Timeout(settings.connect_timeout))?
+        .map_err(|_| DbError::Timeout(connector.bound()))?
         .map_err(DbError::Connect)?;
     let connection = tokio::spawn(connection);
     client
@@ -495,12 +522,24 @@ pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
     ("events::FIND", events::FIND),
     ("events::FAN_OUT", events::FAN_OUT),
     ("events::DELETE_EXPIRED", events::DELETE_EXPIRED),
-    ("webhook_endpoints::INSERT_OR_FIND", webhook_endpoints::INSERT_OR_FIND),
-    ("webhook_endpoints::FIND_BY_KEY", webhook_endpoints::FIND_BY_KEY),
+    (
+        "webhook_endpoints::INSERT_OR_FIND",
+        webhook_endpoints::INSERT_OR_FIND,
+    ),
+    (
+        "webhook_endpoints::FIND_BY_KEY",
+        webhook_endpoints::FIND_BY_KEY,
+    ),
     ("webhook_endpoints::LIST", webhook_endpoints::LIST),
     ("webhook_endpoints::DELETE", webhook_endpoints::DELETE),
-    ("webhook_deliveries::CLAIM_DUE", webhook_deliveries::CLAIM_DUE),
-    ("webhook_deliveries::RECORD_ATTEMPT", webhook_deliveries::RECORD_ATTEMPT),
+    (
+        "webhook_deliveries::CLAIM_DUE",
+        webhook_deliveries::CLAIM_DUE,
+    ),
+    (
+        "webhook_deliveries::RECORD_ATTEMPT",
+        webhook_deliveries::RECORD_ATTEMPT,
+    ),
     ("webhook_deliveries::OF_EVENT", webhook_deliveries::OF_EVENT),
     ("db::APPLIED_MIGRATION", APPLIED_MIGRATION),
 ];

@@ -9,16 +9,20 @@
 //!   (kept in memory, or written to a file for long runs) and are killed on
 //!   `Drop`;
 //! - [`proxy`]: a TCP proxy that can stall or cut connections, and lose
-//!   answers after the request went through.
+//!   answers after the request went through;
+//! - [`cluster`]: a private PostgreSQL primary with a synchronous
+//!   streaming-replication standby, to crash the one and promote the other.
 //!
 //! Nothing here is part of the service; it is never built into it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod cluster;
 pub mod db;
 pub mod pgbouncer;
 pub mod process;
 pub mod proxy;
 
+pub use cluster::{Cluster, Node};
 pub use db::{admin_url, redact, server_address, with_database, TestDatabase};
 pub use nix::sys::signal::Signal;
 pub use pgbouncer::PgBouncer;
