@@ -115,6 +115,9 @@ pub struct IdempotencySettings {
     #[serde_as(as = "DurationMilliSeconds<u64>")]
     pub in_flight_wait: Duration,
     pub retention_hours: u64,
+    /// About how many bytes of final answers to keep in memory for replays
+    /// (`service::replay_cache`); 0 turns the cache off.
+    pub replay_cache_bytes: u64,
     #[serde(rename = "sweep_interval_ms")]
     #[serde_as(as = "DurationMilliSeconds<u64>")]
     pub sweep_interval: Duration,

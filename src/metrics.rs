@@ -22,6 +22,7 @@ pub const LEASE_TAKEOVERS: &str = "chargeonce_lease_takeovers_total";
 pub const RECOVERY_CLAIMS: &str = "chargeonce_recovery_claims_total";
 pub const KEYS_RELEASED: &str = "chargeonce_keys_released_total";
 pub const API_KEY_CACHE: &str = "chargeonce_api_key_cache_total";
+pub const REPLAY_CACHE: &str = "chargeonce_replay_cache_total";
 pub const POOL_SIZE: &str = "chargeonce_db_pool_connections";
 pub const POOL_IN_USE: &str = "chargeonce_db_pool_in_use";
 pub const POOL_WAITERS: &str = "chargeonce_db_pool_waiters";
@@ -90,6 +91,11 @@ fn describe() {
         API_KEY_CACHE,
         "API-key lookups by result: hit, negative_hit, miss."
     );
+    describe_counter!(
+        REPLAY_CACHE,
+        "Replay-cache lookups of idempotency keys by kind and result: hit (answered \
+         without the database), miss."
+    );
     describe_gauge!(POOL_SIZE, "Open database connections per pool.");
     describe_gauge!(POOL_IN_USE, "Database connections in use per pool.");
     describe_gauge!(
@@ -130,6 +136,10 @@ pub fn keys_released(released: u64) {
 
 pub fn api_key_cache(result: &'static str) {
     counter!(API_KEY_CACHE, "result" => result).increment(1);
+}
+
+pub fn replay_cache(kind: &'static str, result: &'static str) {
+    counter!(REPLAY_CACHE, "kind" => kind, "result" => result).increment(1);
 }
 
 /// The pools of one application, named, so their state can be read when

@@ -128,6 +128,21 @@ pub struct Charge {
 }
 
 impl Charge {
+    /// About what the charge holds on the heap (for the replay cache's bound).
+    pub fn heap_bytes(&self) -> usize {
+        super::fields::heap_bytes(
+            [
+                Some(self.currency.as_str()),
+                self.customer.as_deref(),
+                self.description.as_deref(),
+                self.failure_code.as_deref(),
+                self.failure_message.as_deref(),
+                self.processor_payment_id.as_deref(),
+            ],
+            &self.metadata,
+        )
+    }
+
     /// The charge as the answer to its creation shows it: before any refund,
     /// which can only follow. A replay of `POST /v1/charges` is rendered from
     /// this, so it stays byte for byte the first answer while refunds change

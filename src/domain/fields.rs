@@ -14,6 +14,22 @@ pub mod limits {
     pub const METADATA_VALUE_CHARS: usize = 500;
 }
 
+/// About what a stored record's optional texts and metadata hold on the
+/// heap; an estimate for memory bounds, not an exact count.
+pub(crate) fn heap_bytes<'a>(
+    texts: impl IntoIterator<Item = Option<&'a str>>,
+    metadata: &BTreeMap<String, String>,
+) -> usize {
+    /// A B-tree entry's share of its node beyond the two strings' bytes.
+    const METADATA_ENTRY: usize = 64;
+    let texts: usize = texts.into_iter().flatten().map(str::len).sum();
+    let metadata: usize = metadata
+        .iter()
+        .map(|(key, value)| METADATA_ENTRY + key.len() + value.len())
+        .sum();
+    texts + metadata
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct FieldError {
     pub field: String,

@@ -127,6 +127,19 @@ pub struct Refund {
 }
 
 impl Refund {
+    /// About what the refund holds on the heap (for the replay cache's bound).
+    pub fn heap_bytes(&self) -> usize {
+        super::fields::heap_bytes(
+            [
+                Some(self.currency.as_str()),
+                self.failure_code.as_deref(),
+                self.failure_message.as_deref(),
+                Some(self.processor_payment_id.as_str()),
+            ],
+            &self.metadata,
+        )
+    }
+
     /// The refund as it will be once `outcome` is recorded.
     pub fn with_outcome(&self, outcome: &Outcome) -> Refund {
         let mut refund = self.clone();

@@ -62,6 +62,10 @@ impl Charges {
         fingerprint: RequestFingerprint,
         request: &NewCharge,
     ) -> Result<ChargeReply, ServiceError> {
+        if let Some(charge) = self.flow.cached(merchant, key) {
+            same_request(&fingerprint, &charge)?;
+            return Ok(self.flow.replay(charge));
+        }
         for _ in 0..MAX_KEY_ROUNDS {
             let id = ChargeId::new();
             let started = Instant::now();
@@ -90,13 +94,9 @@ impl Charges {
                     return Err(error.into());
                 }
             };
-            // Same key, different request: a client bug. Never execute it.
-            if !fingerprint.matches(&charge.fingerprint) {
-                crate::metrics::idempotency("charge", "reused_mismatch");
-                crate::telemetry::record("idempotency", &"reused_mismatch");
-                return Err(ServiceError::KeyReused);
-            }
+            same_request(&fingerprint, &charge)?;
             if let Some(reply) = self.flow.continue_with(charge, created, started).await? {
+                self.flow.remember(merchant, key, &reply.record);
                 return Ok(reply);
             }
         }
@@ -124,6 +124,16 @@ impl Charges {
     }
 }
 
+/// Same key, different request: a client bug. Never execute it.
+fn same_request(fingerprint: &RequestFingerprint, charge: &Charge) -> Result<(), ServiceError> {
+    if fingerprint.matches(&charge.fingerprint) {
+        return Ok(());
+    }
+    crate::metrics::idempotency("charge", "reused_mismatch");
+    crate::telemetry::record("idempotency", &"reused_mismatch");
+    Err(ServiceError::KeyReused)
+}
+
 impl Record for Charge {
     fn uuid(&self) -> Uuid {
         *self.id.as_uuid()
@@ -147,6 +157,14 @@ impl Record for Charge {
 
     fn processor_attempts(&self) -> i32 {
         self.processor_attempts
+    }
+
+    fn created_at(&self) -> DateTime<Utc> {
+        self.created_at
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.heap_bytes()
     }
 }
 

@@ -34,12 +34,14 @@ use uuid::Uuid;
 use crate::config::{IdempotencySettings, RecoverySettings};
 use crate::crash;
 use crate::db::{Conn, Database, DbError};
+use crate::domain::IdempotencyKey;
 use crate::domain::{MerchantId, Outcome, Status};
 use crate::metrics;
 use crate::processor::{PaymentProcessor, ProcessorReply};
 use crate::telemetry::{self, error_chain};
 use tracing::Instrument;
 
+use super::replay_cache::ReplayCache;
 use super::ServiceError;
 
 /// What a client is told to wait before retrying a key that is in flight.
@@ -63,6 +65,22 @@ pub trait Record: Clone + Send + Sync + 'static {
     fn status(&self) -> Status;
     fn lease(&self) -> Option<DateTime<Utc>>;
     fn processor_attempts(&self) -> i32;
+    fn created_at(&self) -> DateTime<Utc>;
+    /// About how many bytes the record holds on the heap (its strings and
+    /// maps), to bound the replay cache.
+    fn heap_bytes(&self) -> usize;
+
+    /// The time in the record's id (a UUIDv7), which the retention sweeper
+    /// counts from.
+    fn id_time(&self) -> DateTime<Utc> {
+        self.uuid()
+            .get_timestamp()
+            .and_then(|at| {
+                let (seconds, nanos) = at.to_unix();
+                DateTime::from_timestamp(i64::try_from(seconds).ok()?, nanos)
+            })
+            .unwrap_or(DateTime::<Utc>::MIN_UTC)
+    }
 }
 
 /// The statements and the processor call of one kind of record.
@@ -152,6 +170,8 @@ pub struct Lifecycle<K: Kind> {
     /// The recovery worker's pace after unknown outcomes.
     retry_base: Duration,
     retry_cap: Duration,
+    /// Final answers by key, shared by all clones.
+    replays: ReplayCache<K::Record>,
 }
 
 impl<K: Kind> Clone for Lifecycle<K> {
@@ -164,6 +184,7 @@ impl<K: Kind> Clone for Lifecycle<K> {
             in_flight_wait: self.in_flight_wait,
             retry_base: self.retry_base,
             retry_cap: self.retry_cap,
+            replays: self.replays.clone(),
         }
     }
 }
@@ -184,6 +205,7 @@ impl<K: Kind> Lifecycle<K> {
             in_flight_wait: idempotency.in_flight_wait,
             retry_base: recovery.interval,
             retry_cap: recovery.max_backoff,
+            replays: ReplayCache::new(idempotency.replay_cache_bytes, idempotency.retention()),
         }
     }
 
@@ -202,6 +224,29 @@ impl<K: Kind> Lifecycle<K> {
             .find(&conn, merchant, id)
             .await?
             .ok_or(ServiceError::NotFound)
+    }
+
+    /// The final record `key` led to, if it is in the replay cache. The
+    /// caller still compares the request with it, as with a row.
+    pub fn cached(&self, merchant: MerchantId, key: &IdempotencyKey) -> Option<K::Record> {
+        let found = self.replays.get(merchant, key);
+        metrics::replay_cache(K::NAME, if found.is_some() { "hit" } else { "miss" });
+        found
+    }
+
+    /// Answers with a cached record (see `cached`).
+    pub fn replay(&self, record: K::Record) -> Reply<K::Record> {
+        telemetry::record("id", &record.public_id());
+        outcome::<K>("replayed");
+        Reply {
+            record,
+            replayed: true,
+        }
+    }
+
+    /// Keeps a reply for later replays if it is final.
+    pub fn remember(&self, merchant: MerchantId, key: &IdempotencyKey, record: &K::Record) {
+        self.replays.remember(merchant, key, record);
     }
 
     /// Goes on from a row the key led to: ours and new (process it), final

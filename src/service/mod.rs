@@ -9,6 +9,7 @@ pub mod events;
 pub mod health;
 pub mod lifecycle;
 pub mod refunds;
+pub mod replay_cache;
 pub mod webhook_endpoints;
 
 use std::time::Duration;

@@ -64,6 +64,10 @@ impl Refunds {
         fingerprint: RequestFingerprint,
         request: &NewRefund,
     ) -> Result<RefundReply, ServiceError> {
+        if let Some(refund) = self.flow.cached(merchant, key) {
+            same_request(&fingerprint, charge, &refund)?;
+            return Ok(self.flow.replay(refund));
+        }
         for _ in 0..MAX_KEY_ROUNDS {
             let id = RefundId::new();
             let started = Instant::now();
@@ -100,14 +104,9 @@ impl Refunds {
                     return Err(error.into());
                 }
             };
-            // The key belongs to another refund (or another charge's): a
-            // client bug. Never execute it.
-            if !fingerprint.matches(&refund.fingerprint) || refund.charge_id != charge {
-                crate::metrics::idempotency("refund", "reused_mismatch");
-                crate::telemetry::record("idempotency", &"reused_mismatch");
-                return Err(ServiceError::KeyReused);
-            }
+            same_request(&fingerprint, charge, &refund)?;
             if let Some(reply) = self.flow.continue_with(refund, created, started).await? {
+                self.flow.remember(merchant, key, &reply.record);
                 return Ok(reply);
             }
         }
@@ -142,6 +141,21 @@ impl Refunds {
     }
 }
 
+/// The key belongs to another refund (or another charge's): a client bug.
+/// Never execute it.
+fn same_request(
+    fingerprint: &RequestFingerprint,
+    charge: ChargeId,
+    refund: &Refund,
+) -> Result<(), ServiceError> {
+    if fingerprint.matches(&refund.fingerprint) && refund.charge_id == charge {
+        return Ok(());
+    }
+    crate::metrics::idempotency("refund", "reused_mismatch");
+    crate::telemetry::record("idempotency", &"reused_mismatch");
+    Err(ServiceError::KeyReused)
+}
+
 impl Record for Refund {
     fn uuid(&self) -> Uuid {
         *self.id.as_uuid()
@@ -165,6 +179,14 @@ impl Record for Refund {
 
     fn processor_attempts(&self) -> i32 {
         self.processor_attempts
+    }
+
+    fn created_at(&self) -> DateTime<Utc> {
+        self.created_at
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.heap_bytes()
     }
 }
 

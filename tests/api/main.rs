@@ -17,6 +17,7 @@ mod processor;
 mod processor_stub;
 mod recovery;
 mod refunds;
+mod replay_cache;
 mod retention;
 mod tenancy;
 mod unavailable;

@@ -1,0 +1,251 @@
+//! Final answers kept in memory, so a replay needs no database round trip.
+//!
+//! Why this is safe: a charge or refund that reached a final status never
+//! changes what its creation answers (`Charge::as_created`: later refunds
+//! do not show in a replay), and its key stays bound to it until the sweeper
+//! releases the key after `idempotency.retention_hours`. So an entry keyed by
+//! (merchant, key) can answer any later request with that key, on any
+//! instance, until shortly before the release:
+//!
+//! - only final records go in; a pending one is never cached (its answer
+//!   is still to come);
+//! - the entry holds the record's fingerprint, so a different request with
+//!   the same key still gets 422 (the caller compares, as with a row);
+//! - an entry expires `RELEASE_MARGIN` before the key's release by this
+//!   process's clock, so a key used again after retention always reaches
+//!   the database. The margin covers clock skew between instances and the
+//!   sweeper's interval only ever makes the release later;
+//! - the cache is bounded by an estimate of its entries' bytes
+//!   (`idempotency.replay_cache_bytes`; 0 turns it off), least recently
+//!   used out first.
+//!
+//! What it cannot see: rows deleted or keys released behind the service's
+//! back (a test suite truncating tables between tests). Such setups turn the
+//! cache off; the README says so.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use moka::sync::Cache;
+use moka::Expiry;
+
+use crate::domain::{IdempotencyKey, MerchantId, Status};
+
+use super::lifecycle::Record;
+
+/// How long before its key's release an entry goes.
+pub const RELEASE_MARGIN: Duration = Duration::from_secs(300);
+
+/// What every entry costs besides its record's own heap data: the key's
+/// fixed part, the `Arc`, and moka's bookkeeping (measured roughly with
+/// `scripts/bench`'s RSS sampling; see BENCHMARKS.md).
+const ENTRY_OVERHEAD: usize = 160;
+
+type Key = (MerchantId, String);
+
+struct Entry<R> {
+    record: R,
+    expires: Instant,
+}
+
+/// Expires each entry at its own time.
+struct AtReleaseTime;
+
+impl<R> Expiry<Key, Arc<Entry<R>>> for AtReleaseTime {
+    fn expire_after_create(
+        &self,
+        _key: &Key,
+        entry: &Arc<Entry<R>>,
+        now: Instant,
+    ) -> Option<Duration> {
+        Some(entry.expires.saturating_duration_since(now))
+    }
+}
+
+/// Final records by (merchant, idempotency key). Cheap to clone; clones
+/// share the entries.
+#[derive(Clone)]
+pub struct ReplayCache<R: Record> {
+    entries: Option<Cache<Key, Arc<Entry<R>>>>,
+    retention: Duration,
+}
+
+impl<R: Record> ReplayCache<R> {
+    /// A cache of about `max_bytes` (none if 0) for keys kept `retention`.
+    pub fn new(max_bytes: u64, retention: Duration) -> Self {
+        let entries = (max_bytes > 0).then(|| {
+            Cache::builder()
+                .max_capacity(max_bytes)
+                .weigher(|key: &Key, entry: &Arc<Entry<R>>| {
+                    let bytes = ENTRY_OVERHEAD
+                        + std::mem::size_of::<R>()
+                        + key.1.len()
+                        + entry.record.heap_bytes();
+                    u32::try_from(bytes).unwrap_or(u32::MAX)
+                })
+                .expire_after(AtReleaseTime)
+                .build()
+        });
+        Self { entries, retention }
+    }
+
+    /// The final record a key led to, if this process has seen it.
+    pub fn get(&self, merchant: MerchantId, key: &IdempotencyKey) -> Option<R> {
+        let entries = self.entries.as_ref()?;
+        let entry = entries.get(&(merchant, key.as_str().to_owned()))?;
+        // Expiry is also enforced on read, but only to moka's tick; be exact.
+        (Instant::now() < entry.expires).then(|| entry.record.clone())
+    }
+
+    /// Remembers a key's record if it is final and its key not about to be
+    /// released.
+    pub fn remember(&self, merchant: MerchantId, key: &IdempotencyKey, record: &R) {
+        let Some(entries) = &self.entries else {
+            return;
+        };
+        if record.status() == Status::Pending {
+            return;
+        }
+        let Some(lifetime) = self.lifetime_left(record) else {
+            return;
+        };
+        let entry = Entry {
+            record: record.clone(),
+            expires: Instant::now() + lifetime,
+        };
+        entries.insert((merchant, key.as_str().to_owned()), Arc::new(entry));
+    }
+
+    /// Time until `RELEASE_MARGIN` before the key's release; `None` if that
+    /// has passed. The release is counted from the earlier of the row's
+    /// creation time and its id's, as the sweeper counts from the id.
+    fn lifetime_left(&self, record: &R) -> Option<Duration> {
+        let created = record.created_at().min(record.id_time());
+        let expires = created + self.retention.checked_sub(RELEASE_MARGIN)?;
+        (expires - Utc::now()).to_std().ok()
+    }
+
+    /// Entries held now (after pending maintenance), for tests and metrics.
+    pub fn entries(&self) -> u64 {
+        self.entries.as_ref().map_or(0, |entries| {
+            entries.run_pending_tasks();
+            entries.entry_count()
+        })
+    }
+
+    /// The estimated bytes held now.
+    pub fn weighted_bytes(&self) -> u64 {
+        self.entries.as_ref().map_or(0, |entries| {
+            entries.run_pending_tasks();
+            entries.weighted_size()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use chrono::DateTime;
+    use serde_json::json;
+
+    use super::*;
+    use crate::domain::{Charge, ChargeId, Fingerprint};
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    fn charge(status: Status, created: DateTime<Utc>) -> Charge {
+        Charge {
+            id: ChargeId::new(),
+            merchant_id: MerchantId::from_uuid(uuid::Uuid::nil()),
+            fingerprint: Fingerprint::of(&json!({"amount": 1})),
+            amount: 1,
+            currency: "EUR".to_owned(),
+            customer: Some("cus_1".to_owned()),
+            description: None,
+            metadata: BTreeMap::new(),
+            status,
+            failure_code: None,
+            failure_message: None,
+            locked_until: None,
+            processor_attempts: 0,
+            refunds_reserved: 0,
+            amount_refunded: 0,
+            processor_payment_id: None,
+            created_at: created,
+        }
+    }
+
+    fn key(text: &str) -> IdempotencyKey {
+        IdempotencyKey::parse(text).expect("key")
+    }
+
+    #[test]
+    fn final_records_are_kept_and_pending_ones_never() {
+        let cache = ReplayCache::new(1 << 20, DAY);
+        let merchant = MerchantId::from_uuid(uuid::Uuid::nil());
+        let paid = charge(Status::Succeeded, Utc::now());
+        cache.remember(merchant, &key("paid"), &paid);
+        cache.remember(
+            merchant,
+            &key("pending"),
+            &charge(Status::Pending, Utc::now()),
+        );
+        assert_eq!(
+            cache.get(merchant, &key("paid")).map(|c| c.id),
+            Some(paid.id)
+        );
+        assert!(cache.get(merchant, &key("pending")).is_none());
+        let other = MerchantId::from_uuid(uuid::Uuid::from_u128(1));
+        assert!(
+            cache.get(other, &key("paid")).is_none(),
+            "keys are per merchant"
+        );
+    }
+
+    #[test]
+    fn an_entry_goes_before_its_key_is_released() {
+        let cache = ReplayCache::new(1 << 20, DAY);
+        let merchant = MerchantId::from_uuid(uuid::Uuid::nil());
+        // Created so long ago that its key is released within the margin.
+        let nearly = Utc::now() - (DAY - RELEASE_MARGIN + Duration::from_secs(1));
+        cache.remember(merchant, &key("old"), &charge(Status::Succeeded, nearly));
+        assert!(cache.get(merchant, &key("old")).is_none());
+        // The id's time counts too: the sweeper goes by it.
+        let mut backdated = charge(Status::Succeeded, Utc::now());
+        backdated.id = ChargeId::from_uuid(uuid::Uuid::new_v7(uuid::Timestamp::from_unix(
+            uuid::NoContext,
+            u64::try_from(nearly.timestamp()).unwrap(),
+            0,
+        )));
+        cache.remember(merchant, &key("old-id"), &backdated);
+        assert!(cache.get(merchant, &key("old-id")).is_none());
+        // A retention shorter than the margin keeps nothing.
+        let short = ReplayCache::new(1 << 20, RELEASE_MARGIN);
+        short.remember(merchant, &key("k"), &charge(Status::Succeeded, Utc::now()));
+        assert!(short.get(merchant, &key("k")).is_none());
+    }
+
+    #[test]
+    fn the_cache_stays_within_its_bytes_and_can_be_off() {
+        let merchant = MerchantId::from_uuid(uuid::Uuid::nil());
+        let bound = 64 * 1024;
+        let cache = ReplayCache::new(bound, DAY);
+        for n in 0..10_000 {
+            let charge = charge(Status::Succeeded, Utc::now());
+            cache.remember(merchant, &key(&format!("key-{n}")), &charge);
+        }
+        assert!(
+            cache.weighted_bytes() <= bound,
+            "{}",
+            cache.weighted_bytes()
+        );
+        assert!(cache.entries() > 50, "{} entries", cache.entries());
+
+        let off = ReplayCache::new(0, DAY);
+        off.remember(merchant, &key("k"), &charge(Status::Succeeded, Utc::now()));
+        assert!(off.get(merchant, &key("k")).is_none());
+        assert_eq!(off.entries(), 0);
+    }
+}
