@@ -84,6 +84,9 @@ pub struct DatabaseSettings {
     #[serde_as(as = "DurationMilliSeconds<u64>")]
     pub query_timeout: Duration,
     pub prepared_statements: bool,
+    /// The most requests whose inserts (or outcomes) share one statement
+    /// (`db::batch`); 1 sends each alone.
+    pub batch_rows: usize,
     pub migrate_on_start: bool,
 }
 
@@ -338,6 +341,12 @@ impl Settings {
                 http.body_timeout.as_millis(),
                 MS,
                 u128::MAX,
+            ),
+            (
+                "database.batch_rows",
+                self.database.batch_rows as u128,
+                1,
+                1000,
             ),
             (
                 "idempotency.lease_ms",

@@ -23,6 +23,7 @@ pub const RECOVERY_CLAIMS: &str = "chargeonce_recovery_claims_total";
 pub const KEYS_RELEASED: &str = "chargeonce_keys_released_total";
 pub const API_KEY_CACHE: &str = "chargeonce_api_key_cache_total";
 pub const REPLAY_CACHE: &str = "chargeonce_replay_cache_total";
+pub const BATCH_ROWS: &str = "chargeonce_db_batch_rows";
 pub const POOL_SIZE: &str = "chargeonce_db_pool_connections";
 pub const POOL_IN_USE: &str = "chargeonce_db_pool_in_use";
 pub const POOL_WAITERS: &str = "chargeonce_db_pool_waiters";
@@ -33,6 +34,9 @@ const BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
+/// Rows-per-batch buckets.
+const ROWS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0];
+
 /// The process-wide recorder, installed on first use (tests start several
 /// applications in one process; they share it).
 pub fn handle() -> PrometheusHandle {
@@ -41,6 +45,9 @@ pub fn handle() -> PrometheusHandle {
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), BUCKETS)
+                .and_then(|builder| {
+                    builder.set_buckets_for_metric(Matcher::Full(BATCH_ROWS.to_owned()), ROWS)
+                })
                 .map(PrometheusBuilder::build_recorder);
             let recorder = match recorder {
                 Ok(recorder) => recorder,
@@ -96,6 +103,10 @@ fn describe() {
         "Replay-cache lookups of idempotency keys by kind and result: hit (answered \
          without the database), miss."
     );
+    describe_histogram!(
+        BATCH_ROWS,
+        "Rows per batched statement, by statement (insert_charges, record_charge_outcomes)."
+    );
     describe_gauge!(POOL_SIZE, "Open database connections per pool.");
     describe_gauge!(POOL_IN_USE, "Database connections in use per pool.");
     describe_gauge!(
@@ -140,6 +151,10 @@ pub fn api_key_cache(result: &'static str) {
 
 pub fn replay_cache(kind: &'static str, result: &'static str) {
     counter!(REPLAY_CACHE, "kind" => kind, "result" => result).increment(1);
+}
+
+pub fn batch_rows(statement: &'static str, rows: usize) {
+    histogram!(BATCH_ROWS, "statement" => statement).record(rows as f64);
 }
 
 /// The pools of one application, named, so their state can be read when

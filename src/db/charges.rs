@@ -11,7 +11,7 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 use super::codec::column;
-use super::{Conn, DbError, Statement};
+use super::{Conn, DbError, Decision, Statement};
 use crate::domain::{
     Charge, ChargeId, Fingerprint, IdempotencyKey, MerchantId, NewCharge, Outcome,
 };
@@ -63,6 +63,61 @@ pub const INSERT_OR_FIND: Statement = Statement {
     ],
 };
 
+/// `INSERT_OR_FIND` for many charges at once (`db::batch`): the pending
+/// charges are inserted in one statement, and for each key that was taken
+/// the charge that holds it is read in the same one. Rows come back in no
+/// particular order, each with its key, so the caller matches them to its
+/// items. The keys arrive sorted and distinct (see `insert_or_find_many`):
+/// every batch takes the unique index's entries in one order, so two
+/// batches can never wait for each other in a cycle. The taken keys are
+/// read one probe per item (`LATERAL … OFFSET 0` keeps the planner from
+/// turning the probes into a join it might run as a scan): the unique
+/// index is the only plan, with or without table statistics.
+pub const INSERT_OR_FIND_MANY: Statement = Statement {
+    sql: concat!(
+        "WITH input AS ( \
+             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::int8[], \
+                                  $6::text[], $7::text[], $8::text[], $9::jsonb[]) \
+                 WITH ORDINALITY AS input (new_id, new_merchant_id, new_key, new_fingerprint, \
+                                           new_amount, new_currency, new_customer, \
+                                           new_description, new_metadata, position) \
+         ), inserted AS ( \
+             INSERT INTO charges (id, merchant_id, client_idempotency_key, request_fingerprint, \
+                                  amount, currency, customer, description, metadata, status, \
+                                  locked_until) \
+             SELECT new_id, new_merchant_id, new_key, new_fingerprint, new_amount, new_currency, \
+                    new_customer, new_description, new_metadata, 'pending', \
+                    now() + $10::bigint * interval '1 millisecond' \
+               FROM input ORDER BY position \
+             ON CONFLICT (merchant_id, client_idempotency_key) DO NOTHING \
+             RETURNING ",
+        charge_columns!(),
+        ", client_idempotency_key) SELECT ",
+        charge_columns!(),
+        ", client_idempotency_key, true AS created FROM inserted \
+         UNION ALL \
+         SELECT ",
+        charge_columns!(),
+        ", client_idempotency_key, false AS created \
+           FROM input, LATERAL (SELECT * FROM charges \
+                                 WHERE merchant_id = new_merchant_id \
+                                   AND client_idempotency_key = new_key \
+                                OFFSET 0) AS existing"
+    ),
+    params: &[
+        Type::UUID_ARRAY,
+        Type::UUID_ARRAY,
+        Type::TEXT_ARRAY,
+        Type::BYTEA_ARRAY,
+        Type::INT8_ARRAY,
+        Type::TEXT_ARRAY,
+        Type::TEXT_ARRAY,
+        Type::TEXT_ARRAY,
+        Type::JSONB_ARRAY,
+        Type::INT8,
+    ],
+};
+
 pub const FIND_BY_KEY: Statement = Statement {
     sql: concat!(
         "SELECT ",
@@ -99,7 +154,7 @@ pub const TAKE_OVER_OR_READ: Statement = Statement {
         "WITH taken AS ( \
              UPDATE charges SET locked_until = now() + $2::bigint * interval '1 millisecond', \
                                 updated_at = now() \
-              WHERE id = $1 AND status = 'pending' AND locked_until <= now() \
+              WHERE id = $1 AND status IS NOT DISTINCT FROM 'pending' AND locked_until <= now() \
               RETURNING ",
         charge_columns!(),
         ") SELECT ",
@@ -142,7 +197,7 @@ pub const RECORD_UNKNOWN: Statement = Statement {
                                 processor_attempts = processor_attempts + 1, \
                                 next_attempt_at = now() + $3::bigint * interval '1 millisecond', \
                                 updated_at = now() \
-              WHERE id = $1 AND status = 'pending' AND locked_until = $2 \
+              WHERE id = $1 AND status IS NOT DISTINCT FROM 'pending' AND locked_until = $2 \
               RETURNING ",
         charge_columns!(),
         "), event AS ( \
@@ -168,18 +223,26 @@ pub const RECORD_UNKNOWN: Statement = Statement {
 /// commit was never confirmed to its request.
 pub const FORGET_UNCONFIRMED: Statement = Statement {
     sql: "DELETE FROM charges \
-           WHERE merchant_id = $1 AND id = $2 AND status = 'pending' \
+           WHERE merchant_id = $1 AND id = $2 AND status IS NOT DISTINCT FROM 'pending' \
              AND processor_attempts = 0 AND updated_at = created_at",
     params: &[Type::UUID, Type::UUID],
 };
 
+/// Records a final outcome and its outbox event in one statement. Only a
+/// pending charge changes: one whose outcome another request recorded first
+/// (the processor gave it the same answer) returns no row. "Pending" is
+/// spelled `IS NOT DISTINCT FROM` (the same, as the column is NOT NULL) so
+/// that no partial index on the status can serve the statement: without
+/// statistics the planner rates a whole read of the listing index or of the
+/// pending leases as good as the primary key, and a generic plan cached
+/// while the table is small is kept as it grows (`tests/api/plans.rs`).
 pub const RECORD_OUTCOME: Statement = Statement {
     sql: concat!(
         "WITH updated AS ( \
              UPDATE charges SET status = $2, failure_code = $3, failure_message = $4, \
                                 processor_payment_id = $5, locked_until = NULL, \
                                 updated_at = now() \
-              WHERE id = $1 AND status = 'pending' \
+              WHERE id = $1 AND status IS NOT DISTINCT FROM 'pending' \
               RETURNING ",
         charge_columns!(),
         "), event AS ( \
@@ -260,6 +323,112 @@ pub async fn insert_or_find(
         }
     }
     Ok(None)
+}
+
+/// A charge to insert as pending, for `insert_or_find_many`.
+#[derive(Debug, Clone)]
+pub struct PendingCharge {
+    pub id: ChargeId,
+    pub merchant: MerchantId,
+    pub key: IdempotencyKey,
+    pub fingerprint: Fingerprint,
+    pub request: NewCharge,
+}
+
+/// `insert_or_find` for many charges in one statement (`INSERT_OR_FIND_MANY`),
+/// an answer per item in order. Items with the same merchant and key go to
+/// the database once: the first is inserted (or finds the existing charge),
+/// the others get the same charge as not created, as a concurrent duplicate
+/// would. An item whose key was taken by a charge committed after the
+/// statement began (so the statement cannot see it) goes on alone, through
+/// `insert_or_find`, which reads again.
+pub async fn insert_or_find_many(
+    conn: &Conn,
+    items: &[PendingCharge],
+    lease: Duration,
+) -> Result<Vec<Option<(Charge, bool)>>, DbError> {
+    // Distinct keys, sorted: the order every batch takes the index in.
+    let mut first_of_key: BTreeMap<(MerchantId, &str), usize> = BTreeMap::new();
+    for (index, item) in items.iter().enumerate() {
+        first_of_key
+            .entry((item.merchant, item.key.as_str()))
+            .or_insert(index);
+    }
+    let sent: Vec<&PendingCharge> = first_of_key.values().map(|&index| &items[index]).collect();
+    let ids: Vec<&Uuid> = sent.iter().map(|item| item.id.as_uuid()).collect();
+    let merchants: Vec<&Uuid> = sent.iter().map(|item| item.merchant.as_uuid()).collect();
+    let keys: Vec<&str> = sent.iter().map(|item| item.key.as_str()).collect();
+    let fingerprints: Vec<&[u8]> = sent
+        .iter()
+        .map(|item| item.fingerprint.as_bytes().as_slice())
+        .collect();
+    let amounts: Vec<i64> = sent
+        .iter()
+        .map(|item| item.request.amount.minor_units())
+        .collect();
+    let currencies: Vec<&str> = sent
+        .iter()
+        .map(|item| item.request.currency.as_str())
+        .collect();
+    let customers: Vec<Option<&str>> = sent
+        .iter()
+        .map(|item| item.request.customer.as_deref())
+        .collect();
+    let descriptions: Vec<Option<&str>> = sent
+        .iter()
+        .map(|item| item.request.description.as_deref())
+        .collect();
+    let metadata: Vec<Json<&BTreeMap<String, String>>> = sent
+        .iter()
+        .map(|item| Json(&item.request.metadata))
+        .collect();
+    let rows = conn
+        .query(
+            &INSERT_OR_FIND_MANY,
+            &[
+                &ids,
+                &merchants,
+                &keys,
+                &fingerprints,
+                &amounts,
+                &currencies,
+                &customers,
+                &descriptions,
+                &metadata,
+                &lease_ms(lease),
+            ],
+        )
+        .await?;
+    let mut found: BTreeMap<(MerchantId, String), (Charge, bool)> = BTreeMap::new();
+    for row in &rows {
+        let charge = decode(row)?;
+        let key: String = column(row, "client_idempotency_key")?;
+        found.insert((charge.merchant_id, key), (charge, column(row, "created")?));
+    }
+    let mut answers: Vec<Option<(Charge, bool)>> = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        let first = first_of_key[&(item.merchant, item.key.as_str())];
+        let answer = match found.get(&(item.merchant, item.key.as_str().to_owned())) {
+            Some((charge, created)) => Some((charge.clone(), *created && first == index)),
+            None if first == index => {
+                insert_or_find(
+                    conn,
+                    item.id,
+                    item.merchant,
+                    &item.key,
+                    &item.fingerprint,
+                    &item.request,
+                    lease,
+                )
+                .await?
+            }
+            // The first of this key went alone (above, earlier in order);
+            // this one is its duplicate.
+            None => answers[first].clone().map(|(charge, _)| (charge, false)),
+        };
+        answers.push(answer);
+    }
+    Ok(answers)
 }
 
 pub async fn find_by_key(
@@ -370,10 +539,33 @@ pub async fn forget_unconfirmed(
     Ok(deleted > 0)
 }
 
-/// Records the final outcome and its outbox event in one statement, hence one
-/// transaction. Only a pending charge changes: if another request recorded
-/// the outcome first (the processor gave it the same answer), `None`.
-pub async fn record_outcome(
+/// Records outcomes and their events (`RECORD_OUTCOME` each) in one
+/// transaction, so one commit: the statements go out together, pipelined on
+/// the connection, and PostgreSQL runs them one after the other. (One
+/// multi-row `UPDATE … FROM unnest(…)` would be one statement, but its join
+/// is planned as a scan of the whole table while the table is small, and
+/// that generic plan is kept as the table grows.) For each item, the charge
+/// as recorded, or `None` if it was not pending any more.
+pub async fn record_outcomes(
+    conn: &Conn,
+    items: &[(Charge, Outcome)],
+) -> Result<Vec<Option<Charge>>, DbError> {
+    let record_all = || {
+        futures_util::future::try_join_all(
+            items
+                .iter()
+                .map(|(charge, outcome)| record_outcome(conn, charge, outcome)),
+        )
+    };
+    if let [(charge, outcome)] = items {
+        // Alone, the statement is its own transaction: no BEGIN and COMMIT.
+        return Ok(vec![record_outcome(conn, charge, outcome).await?]);
+    }
+    conn.transaction(async { Ok(Decision::Commit(record_all().await?)) })
+        .await
+}
+
+async fn record_outcome(
     conn: &Conn,
     charge: &Charge,
     outcome: &Outcome,

@@ -7,6 +7,7 @@
 //! long as a partition lasts. A connection whose statement ran out of time is
 //! in an unknown state, so it is discarded, never handed out again.
 
+pub mod batch;
 pub mod charges;
 mod codec;
 mod connect;
@@ -16,7 +17,7 @@ pub mod refunds;
 pub mod webhook_deliveries;
 pub mod webhook_endpoints;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{
@@ -41,6 +42,15 @@ const MIGRATION_LOCK: i64 = 0x6368_6172_6765_6f6e; // "chargeon"
 /// One SQL statement with the types of its parameters. The statements are
 /// constants, built once, and public so the benchmark runs exactly what the
 /// service runs.
+///
+/// Plans must not depend on statistics (autovacuum may be off, and a
+/// generic plan cached while a table is small is kept as it grows). A
+/// statement that names its row by id therefore says "pending" as
+/// `status IS NOT DISTINCT FROM 'pending'`: `status = 'pending'` implies the
+/// predicates of the partial indexes on the status (the listing's
+/// `status IS NOT NULL`, the pending leases'), and the planner, rating them
+/// as good as the primary key on an empty table, would read one of them
+/// whole for every row. `tests/api/plans.rs` checks every such statement.
 #[derive(Debug, Clone, Copy)]
 pub struct Statement {
     pub sql: &'static str,
@@ -66,6 +76,14 @@ pub enum DbError {
     /// A row the schema should not allow: a bug to see, not to paper over.
     #[error("a stored row does not decode: {0}")]
     Decode(String),
+    /// The error of a batched statement, shared by every request it held
+    /// (`batch`).
+    #[error("a batched statement failed")]
+    Batch(#[source] std::sync::Arc<DbError>),
+    /// The task running a batch ended without answering (a panic). Whether
+    /// the statement committed is unknown.
+    #[error("the batch holding this statement was lost")]
+    BatchLost,
 }
 
 impl DbError {
@@ -75,8 +93,9 @@ impl DbError {
     /// the statement, in its own transaction, took no effect.)
     pub fn is_ambiguous(&self) -> bool {
         match self {
-            Self::Timeout(_) => true,
+            Self::Timeout(_) | Self::BatchLost => true,
             Self::Query(error) => error.code().is_none(),
+            Self::Batch(error) => error.is_ambiguous(),
             _ => false,
         }
     }
@@ -86,7 +105,8 @@ impl DbError {
     pub fn is_transient(&self) -> bool {
         use tokio_postgres::error::SqlState;
         match self {
-            Self::Connect(_) | Self::Timeout(_) => true,
+            Self::Connect(_) | Self::Timeout(_) | Self::BatchLost => true,
+            Self::Batch(error) => error.is_transient(),
             Self::Pool(deadpool_postgres::PoolError::Backend(error)) | Self::Query(error) => {
                 match error.code() {
                     // No SQLSTATE: the connection failed or closed (an IO
@@ -161,6 +181,8 @@ pub struct Database {
     /// in transaction pooling mode, where a named statement prepared in one
     /// transaction is gone in the next).
     prepared: bool,
+    /// The most rows a batched statement takes (`batch`); 1: no batching.
+    batch_rows: usize,
 }
 
 impl Database {
@@ -203,6 +225,7 @@ impl Database {
             pool,
             query_timeout: settings.query_timeout,
             prepared: settings.prepared_statements,
+            batch_rows: settings.batch_rows,
         })
     }
 
@@ -234,6 +257,11 @@ impl Database {
         &self.pool
     }
 
+    /// The most rows a batched statement on this pool takes.
+    pub fn batch_rows(&self) -> usize {
+        self.batch_rows
+    }
+
     pub fn close(&self) {
         self.pool.close();
     }
@@ -247,7 +275,11 @@ pub struct Conn {
     client: Option<Object>,
     deadline: Duration,
     prepared: bool,
-    /// Set while a statement runs and left set if it did not end cleanly.
+    /// Statements sent and not answered yet. Statements may run together
+    /// (pipelined); one that never ends cleanly (a deadline, a cancelled
+    /// caller) leaves the count above zero for good.
+    running: AtomicUsize,
+    /// Set when the connection failed or the server became unusable.
     broken: AtomicBool,
 }
 
@@ -257,6 +289,7 @@ impl Conn {
             client: Some(client),
             deadline,
             prepared,
+            running: AtomicUsize::new(0),
             broken: AtomicBool::new(false),
         }
     }
@@ -272,18 +305,20 @@ impl Conn {
     where
         F: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     {
-        self.broken.store(true, Ordering::Relaxed);
+        self.running.fetch_add(1, Ordering::Relaxed);
         match tokio::time::timeout(self.deadline, work).await {
             Ok(Ok(value)) => {
-                self.broken.store(false, Ordering::Relaxed);
+                self.running.fetch_sub(1, Ordering::Relaxed);
                 Ok(value)
             }
             Ok(Err(error)) => {
+                self.running.fetch_sub(1, Ordering::Relaxed);
                 // A statement PostgreSQL rejected leaves the connection as
                 // good as before; a closed or failing socket does not, nor
                 // a server that cannot take writes any more.
-                self.broken
-                    .store(connection_unusable(&error), Ordering::Relaxed);
+                if connection_unusable(&error) {
+                    self.broken.store(true, Ordering::Relaxed);
+                }
                 Err(DbError::Query(error))
             }
             Err(_) => Err(DbError::Timeout(self.deadline)),
@@ -431,7 +466,7 @@ fn connection_unusable(error: &tokio_postgres::Error) -> bool {
 impl Drop for Conn {
     fn drop(&mut self) {
         if let Some(client) = self.client.take() {
-            if self.broken.load(Ordering::Relaxed) {
+            if self.broken.load(Ordering::Relaxed) || self.running.load(Ordering::Relaxed) > 0 {
                 // Detached from the pool and dropped: the connection closes
                 // and the pool opens a fresh one when it needs it.
                 drop(Object::take(client));
@@ -487,6 +522,7 @@ pub const APPLIED_MIGRATION: Statement = Statement {
 /// merchant).
 pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
     ("charges::INSERT_OR_FIND", charges::INSERT_OR_FIND),
+    ("charges::INSERT_OR_FIND_MANY", charges::INSERT_OR_FIND_MANY),
     ("charges::FIND_BY_KEY", charges::FIND_BY_KEY),
     ("charges::FIND", charges::FIND),
     ("charges::LIST", charges::LIST),

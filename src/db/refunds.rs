@@ -126,7 +126,7 @@ pub const TAKE_OVER_OR_READ: Statement = Statement {
         "WITH taken AS ( \
              UPDATE refunds SET locked_until = now() + $2::bigint * interval '1 millisecond', \
                                 updated_at = now() \
-              WHERE id = $1 AND status = 'pending' AND locked_until <= now() \
+              WHERE id = $1 AND status IS NOT DISTINCT FROM 'pending' AND locked_until <= now() \
               RETURNING ",
         refund_columns!(),
         ") SELECT ",
@@ -166,7 +166,7 @@ pub const RECORD_OUTCOME: Statement = Statement {
              UPDATE refunds SET status = $2, failure_code = $3, failure_message = $4, \
                                 processor_refund_id = $5, locked_until = NULL, \
                                 updated_at = now() \
-              WHERE id = $1 AND status = 'pending' \
+              WHERE id = $1 AND status IS NOT DISTINCT FROM 'pending' \
               RETURNING ",
         refund_columns!(),
         "), charge AS ( \
@@ -205,7 +205,7 @@ pub const RECORD_UNKNOWN: Statement = Statement {
                                 processor_attempts = processor_attempts + 1, \
                                 next_attempt_at = now() + $3::bigint * interval '1 millisecond', \
                                 updated_at = now() \
-              WHERE id = $1 AND status = 'pending' AND locked_until = $2 \
+              WHERE id = $1 AND status IS NOT DISTINCT FROM 'pending' AND locked_until = $2 \
               RETURNING ",
         refund_columns!(),
         "), event AS ( \
@@ -231,7 +231,7 @@ pub const RECORD_UNKNOWN: Statement = Statement {
 pub const FORGET_UNCONFIRMED: Statement = Statement {
     sql: "WITH gone AS ( \
               DELETE FROM refunds \
-               WHERE merchant_id = $1 AND id = $2 AND status = 'pending' \
+               WHERE merchant_id = $1 AND id = $2 AND status IS NOT DISTINCT FROM 'pending' \
                  AND processor_attempts = 0 AND updated_at = created_at \
               RETURNING charge_id, merchant_id, amount) \
           UPDATE charges c SET refunds_reserved = c.refunds_reserved - g.amount \

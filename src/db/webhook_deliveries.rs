@@ -84,7 +84,7 @@ pub const RECORD_ATTEMPT: Statement = Statement {
                      last_status_code = $5, \
                      last_error = $8, \
                      updated_at = now() \
-               WHERE merchant_id = $1 AND id = $2 AND status = 'pending' AND locked_until = $3 \
+               WHERE merchant_id = $1 AND id = $2 AND status IS NOT DISTINCT FROM 'pending' AND locked_until = $3 \
               RETURNING id, merchant_id, attempts, status, next_attempt_at \
           ), attempt AS ( \
               INSERT INTO webhook_attempts (id, merchant_id, delivery_id, attempt, status_code, \

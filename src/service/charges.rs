@@ -12,6 +12,8 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::{IdempotencySettings, RecoverySettings};
+use crate::db::batch::{BatchStatement, Batcher};
+use crate::db::charges::PendingCharge;
 use crate::db::{self, Conn, Database, DbError};
 use crate::domain::{
     Charge, ChargeId, IdempotencyKey, MerchantId, NewCharge, Outcome, RequestFingerprint, Status,
@@ -34,6 +36,31 @@ const MAX_KEY_ROUNDS: usize = 3;
 #[derive(Clone)]
 pub struct Charges {
     flow: Lifecycle<ChargeKind>,
+    /// Pending inserts, batched per pool (`db::batch`).
+    inserts: Batcher<InsertCharges>,
+}
+
+/// The insert of pending charges, for the batcher.
+struct InsertCharges {
+    lease: Duration,
+}
+
+#[async_trait]
+impl BatchStatement for InsertCharges {
+    type Item = PendingCharge;
+    type Output = Option<(Charge, bool)>;
+
+    fn name(&self) -> &'static str {
+        "charges.insert_or_find"
+    }
+
+    async fn run(
+        &self,
+        conn: &Conn,
+        items: &[PendingCharge],
+    ) -> Result<Vec<Self::Output>, DbError> {
+        db::charges::insert_or_find_many(conn, items, self.lease).await
+    }
 }
 
 impl Charges {
@@ -43,14 +70,27 @@ impl Charges {
         idempotency: &IdempotencySettings,
         recovery: &RecoverySettings,
     ) -> Self {
+        let inserts = Batcher::new(
+            db.clone(),
+            InsertCharges {
+                lease: idempotency.lease,
+            },
+        );
         Self {
             flow: Lifecycle::new(ChargeKind, db, processor, idempotency, recovery),
+            inserts,
         }
     }
 
     /// The same flows on another pool (each HTTP worker thread has its own).
     pub fn with_database(&self, db: Database) -> Self {
         Self {
+            inserts: Batcher::new(
+                db.clone(),
+                InsertCharges {
+                    lease: self.flow.lease,
+                },
+            ),
             flow: self.flow.with_database(db),
         }
     }
@@ -69,20 +109,16 @@ impl Charges {
         for _ in 0..MAX_KEY_ROUNDS {
             let id = ChargeId::new();
             let started = Instant::now();
-            let inserted = async {
-                let conn = self.flow.db.conn().await?;
-                db::charges::insert_or_find(
-                    &conn,
+            let inserted = self
+                .inserts
+                .run(PendingCharge {
                     id,
                     merchant,
-                    key,
-                    &fingerprint.current,
-                    request,
-                    self.flow.lease,
-                )
-                .await
-            }
-            .await;
+                    key: key.clone(),
+                    fingerprint: fingerprint.current,
+                    request: request.clone(),
+                })
+                .await;
             let (charge, created) = match inserted {
                 Ok(Some(found)) => found,
                 Ok(None) => continue,
@@ -203,13 +239,15 @@ impl Kind for ChargeKind {
         db::charges::claim_abandoned(conn, lease, batch).await
     }
 
-    async fn record_outcome(
+    const RECORD_OUTCOMES: &'static str = "charges.record_outcomes";
+    const OUTCOMES_PER_STATEMENT: usize = usize::MAX;
+
+    async fn record_outcomes(
         &self,
         conn: &Conn,
-        charge: &Charge,
-        outcome: &Outcome,
-    ) -> Result<Option<Charge>, DbError> {
-        db::charges::record_outcome(conn, charge, outcome).await
+        items: &[(Charge, Outcome)],
+    ) -> Result<Vec<Option<Charge>>, DbError> {
+        db::charges::record_outcomes(conn, items).await
     }
 
     async fn record_unknown(

@@ -7,7 +7,8 @@
 //!    reservation on its charge).
 //! 2. The processor is called with the row's stable downstream key, holding
 //!    no database connection.
-//! 3. The outcome and its outbox event are recorded in one statement.
+//! 3. The outcome and its outbox event are recorded in one statement
+//!    (shared with the outcomes of concurrent requests, see `db::batch`).
 //!
 //! A request that finds a pending row whose lease ran out (its owner died or
 //! got no answer) takes the lease over and repeats step 2 with the same
@@ -33,6 +34,7 @@ use uuid::Uuid;
 
 use crate::config::{IdempotencySettings, RecoverySettings};
 use crate::crash;
+use crate::db::batch::{BatchStatement, Batcher};
 use crate::db::{Conn, Database, DbError};
 use crate::domain::IdempotencyKey;
 use crate::domain::{MerchantId, Outcome, Status};
@@ -110,14 +112,18 @@ pub trait Kind: Send + Sync + 'static {
         lease: Duration,
         batch: i64,
     ) -> Result<Vec<Self::Record>, DbError>;
-    /// Records a final outcome (and its event); `None` if the row was no
-    /// longer pending.
-    async fn record_outcome(
+    /// For metrics: the name of the batched outcome recording.
+    const RECORD_OUTCOMES: &'static str;
+    /// The most outcomes one transaction may record (`database.batch_rows`
+    /// bounds it further); 1 records each alone.
+    const OUTCOMES_PER_STATEMENT: usize;
+    /// Records final outcomes (each with its event) in one transaction; per
+    /// item, the record as recorded or `None` if it was no longer pending.
+    async fn record_outcomes(
         &self,
         conn: &Conn,
-        record: &Self::Record,
-        outcome: &Outcome,
-    ) -> Result<Option<Self::Record>, DbError>;
+        items: &[(Self::Record, Outcome)],
+    ) -> Result<Vec<Option<Self::Record>>, DbError>;
     /// Records an unknown outcome: ends our lease, counts the attempt, sets
     /// the next recovery time; `None` if the lease is no longer ours.
     async fn record_unknown(
@@ -172,6 +178,31 @@ pub struct Lifecycle<K: Kind> {
     retry_cap: Duration,
     /// Final answers by key, shared by all clones.
     replays: ReplayCache<K::Record>,
+    /// Outcomes to record, batched per pool (`db::batch`).
+    outcomes: Batcher<RecordOutcomes<K>>,
+}
+
+/// The outcome statement of a kind, for the batcher.
+struct RecordOutcomes<K: Kind>(Arc<K>);
+
+#[async_trait]
+impl<K: Kind> BatchStatement for RecordOutcomes<K> {
+    type Item = (K::Record, Outcome);
+    type Output = Option<K::Record>;
+
+    fn name(&self) -> &'static str {
+        K::RECORD_OUTCOMES
+    }
+
+    async fn run(&self, conn: &Conn, items: &[Self::Item]) -> Result<Vec<Self::Output>, DbError> {
+        self.0.record_outcomes(conn, items).await
+    }
+}
+
+fn outcome_batcher<K: Kind>(db: &Database, kind: &Arc<K>) -> Batcher<RecordOutcomes<K>> {
+    let rows = db.batch_rows().min(K::OUTCOMES_PER_STATEMENT);
+    let in_flight = db.pool().status().max_size / 4;
+    Batcher::with_limits(db.clone(), RecordOutcomes(kind.clone()), rows, in_flight)
 }
 
 impl<K: Kind> Clone for Lifecycle<K> {
@@ -185,6 +216,7 @@ impl<K: Kind> Clone for Lifecycle<K> {
             retry_base: self.retry_base,
             retry_cap: self.retry_cap,
             replays: self.replays.clone(),
+            outcomes: self.outcomes.clone(),
         }
     }
 }
@@ -197,9 +229,11 @@ impl<K: Kind> Lifecycle<K> {
         idempotency: &IdempotencySettings,
         recovery: &RecoverySettings,
     ) -> Self {
+        let kind = Arc::new(kind);
         Self {
+            outcomes: outcome_batcher(&db, &kind),
             db,
-            kind: Arc::new(kind),
+            kind,
             processor,
             lease: idempotency.lease,
             in_flight_wait: idempotency.in_flight_wait,
@@ -211,7 +245,11 @@ impl<K: Kind> Lifecycle<K> {
 
     /// The same engine on another pool (each HTTP worker thread has its own).
     pub fn with_database(&self, db: Database) -> Self {
-        Self { db, ..self.clone() }
+        Self {
+            outcomes: outcome_batcher(&db, &self.kind),
+            db,
+            ..self.clone()
+        }
     }
 
     pub fn kind(&self) -> &K {
@@ -483,13 +521,13 @@ impl<K: Kind> Lifecycle<K> {
         let mut pause = Duration::from_millis(50);
         loop {
             let recorded = async {
-                let conn = self.db.conn().await?;
-                match self.kind.record_outcome(&conn, record, outcome).await? {
+                match self.outcomes.run((record.clone(), outcome.clone())).await? {
                     Some(recorded) => Ok(Some(recorded)),
                     // Someone else recorded it first (the processor gave them
                     // the same answer) or took the lease over: show the row
                     // as it is now.
                     None => {
+                        let conn = self.db.conn().await?;
                         self.kind
                             .find(&conn, record.merchant(), record.uuid())
                             .await

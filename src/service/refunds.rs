@@ -225,13 +225,21 @@ impl Kind for RefundKind {
         db::refunds::claim_abandoned(conn, lease, batch).await
     }
 
-    async fn record_outcome(
+    const RECORD_OUTCOMES: &'static str = "refunds.record_outcome";
+    /// A refund's outcome also updates its charge's totals, and refunds of
+    /// one charge would meet on that row: each is recorded alone.
+    const OUTCOMES_PER_STATEMENT: usize = 1;
+
+    async fn record_outcomes(
         &self,
         conn: &Conn,
-        refund: &Refund,
-        outcome: &Outcome,
-    ) -> Result<Option<Refund>, DbError> {
-        db::refunds::record_outcome(conn, refund, outcome).await
+        items: &[(Refund, Outcome)],
+    ) -> Result<Vec<Option<Refund>>, DbError> {
+        let mut recorded = Vec::with_capacity(items.len());
+        for (refund, outcome) in items {
+            recorded.push(db::refunds::record_outcome(conn, refund, outcome).await?);
+        }
+        Ok(recorded)
     }
 
     async fn record_unknown(

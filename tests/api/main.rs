@@ -2,6 +2,7 @@
 //! test has its own database and application, and they run in parallel.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod batching;
 mod binary;
 mod charges;
 mod client;

@@ -340,10 +340,10 @@ mod tests {
 
     #[test]
     fn the_request_path_must_be_what_the_script_runs() {
-        let insert = charges::INSERT_OR_FIND.sql;
+        let insert = charges::INSERT_OR_FIND_MANY.sql;
         let outcome = charges::RECORD_OUTCOME.sql;
         let lookup = merchants::FIND_BY_DIGEST.sql;
-        let expected = ["charges::INSERT_OR_FIND", "charges::RECORD_OUTCOME"];
+        let expected = ["charges::INSERT_OR_FIND_MANY", "charges::RECORD_OUTCOME"];
 
         let same = captured(&[(insert, 100), (outcome, 100), (lookup, 1)]);
         same.require_same_as(&expected, "new charge").unwrap();

@@ -21,18 +21,20 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use anyhow::{bail, ensure, Context as _, Result};
-use chargeonce::db::charges::{INSERT_OR_FIND, RECORD_OUTCOME};
+use chargeonce::db::charges::{INSERT_OR_FIND_MANY, RECORD_OUTCOME};
 use chargeonce::db::Statement;
 use chargeonce::domain::Status;
+use tokio_postgres::types::Kind;
 use tokio_postgres::Client;
 
 use crate::scenario::POOL_KEY_PREFIX;
 
 /// The constants a new charge runs, in order (capture checks the service
 /// runs exactly these per request).
-pub const NEW_CHARGE_STATEMENTS: &[&str] = &["charges::INSERT_OR_FIND", "charges::RECORD_OUTCOME"];
+pub const NEW_CHARGE_STATEMENTS: &[&str] =
+    &["charges::INSERT_OR_FIND_MANY", "charges::RECORD_OUTCOME"];
 /// The constants a replay runs.
-pub const REPLAY_STATEMENTS: &[&str] = &["charges::INSERT_OR_FIND"];
+pub const REPLAY_STATEMENTS: &[&str] = &["charges::INSERT_OR_FIND_MANY"];
 
 /// A time-ordered id like the service's UUIDv7: milliseconds, then random,
 /// as 32 hex digits (the translator casts them to uuid). Random (v4) ids
@@ -124,7 +126,13 @@ pub fn statement_lines(
         let index = n.checked_sub(1).filter(|&i| i < values.len());
         let index = index.with_context(|| format!("${n} has no value"))?;
         used[index] = true;
-        Ok(values[index].render(statement.params[index].name()))
+        let declared = &statement.params[index];
+        // An array parameter of a batched statement: a batch of one, as
+        // the service sends when requests come one at a time.
+        Ok(match declared.kind() {
+            Kind::Array(element) => format!("ARRAY[{}]", values[index].render(element.name())),
+            _ => values[index].render(declared.name()),
+        })
     })?;
     if let Some(unused) = used.iter().position(|used| !used) {
         bail!("the statement never uses ${}", unused + 1);
@@ -198,7 +206,7 @@ fn heading(script: &mut String, index: usize, total: usize, name: &str) {
     let _ = writeln!(script, "\n-- {index}/{total} {name}");
 }
 
-/// The values `charges::INSERT_OR_FIND` gets in a script, with the key
+/// The values `charges::INSERT_OR_FIND_MANY` gets in a script, with the key
 /// given: the rest is what the service sends for the benchmark's body.
 fn insert_or_find_values(key: Value) -> Vec<Value> {
     vec![
@@ -226,7 +234,7 @@ pub fn own_sql_new() -> Result<String> {
     let mut text = String::new();
     heading(&mut text, 1, 2, NEW_CHARGE_STATEMENTS[0]);
     text.push_str(&statement_lines(
-        &INSERT_OR_FIND,
+        &INSERT_OR_FIND_MANY,
         &insert_or_find_values(key),
         Some("claim_"),
     )?);
@@ -258,7 +266,7 @@ pub fn own_sql_replay(pool_size: usize) -> Result<String> {
     let mut text = String::new();
     heading(&mut text, 1, 1, REPLAY_STATEMENTS[0]);
     text.push_str(&statement_lines(
-        &INSERT_OR_FIND,
+        &INSERT_OR_FIND_MANY,
         &insert_or_find_values(key),
         Some("claim_"),
     )?);
@@ -436,6 +444,7 @@ mod tests {
         assert!(new.contains("\\set k random(1, 9223372036854775806)\n"));
         assert!(new.contains("('pgb-' || :run || '-' || :k)::text"));
         assert!(new.contains(" \\gset claim_\n"));
+        assert!(new.contains("FROM unnest(ARRAY["), "a batch of one: {new}");
         assert!(new.contains("WHERE id = :claim_id::uuid"));
         assert!(new.contains(" \\gset outcome_\n"));
         assert!(!new.contains('$'), "{new}");

@@ -1,0 +1,231 @@
+//! Batching across requests: concurrent requests on one HTTP worker that
+//! need the same statement share one statement, hence one round trip and
+//! one commit.
+//!
+//! No timer: a request that finds a free slot (fewer than `max_in_flight`
+//! batches running) starts a batch at once, so a request alone goes alone,
+//! as fast as without batching. Requests that arrive while all slots are
+//! busy queue, and the next batch takes whatever queued (at most `max_rows`)
+//! the moment a slot frees. So batches grow with load and only with load.
+//!
+//! Each batch runs in a task of its own: a request that is cancelled (its
+//! client hung up) cannot cancel the statement of the others.
+//!
+//! Errors keep each request's answer what it would have been alone:
+//! - an error of the database itself (unreachable, out of time, a lost
+//!   connection) would have met each of them: each gets it, shared
+//!   (`DbError::Batch`), and each decides for itself what it means (an
+//!   ambiguous commit is undone per request, see `service::lifecycle`);
+//! - any other error (a constraint one row broke) is retried row by row, so
+//!   it fails only the request it belongs to.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use async_trait::async_trait;
+use tokio::sync::oneshot;
+
+use super::{Conn, Database, DbError};
+
+/// One statement for many rows.
+#[async_trait]
+pub trait BatchStatement: Send + Sync + 'static {
+    type Item: Send + Sync + 'static;
+    type Output: Send + 'static;
+
+    /// For metrics and logs: which statement.
+    fn name(&self) -> &'static str;
+
+    /// Runs the statement for `items` in one transaction; an output per item,
+    /// in order.
+    async fn run(&self, conn: &Conn, items: &[Self::Item]) -> Result<Vec<Self::Output>, DbError>;
+}
+
+/// Queues the items of one statement and runs them in batches. Cheap to
+/// clone; clones share the queue.
+pub struct Batcher<S: BatchStatement> {
+    shared: Arc<Shared<S>>,
+}
+
+impl<S: BatchStatement> Clone for Batcher<S> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+struct Shared<S: BatchStatement> {
+    db: Database,
+    statement: S,
+    max_rows: usize,
+    max_in_flight: usize,
+    state: Mutex<State<S>>,
+}
+
+struct State<S: BatchStatement> {
+    queue: VecDeque<Waiting<S>>,
+    in_flight: usize,
+}
+
+struct Waiting<S: BatchStatement> {
+    item: S::Item,
+    reply: oneshot::Sender<Result<S::Output, DbError>>,
+}
+
+impl<S: BatchStatement> Batcher<S> {
+    /// Batches of at most `database.batch_rows` rows (1: no batching) on
+    /// connections of `db`, at most a quarter of its connections at a time
+    /// (the rest stay free for the other statements of a request).
+    pub fn new(db: Database, statement: S) -> Self {
+        let max_rows = db.batch_rows();
+        let max_in_flight = db.pool().status().max_size / 4;
+        Self::with_limits(db, statement, max_rows, max_in_flight)
+    }
+
+    /// Batches of at most `max_rows`, at most `max_in_flight` at a time.
+    pub fn with_limits(db: Database, statement: S, max_rows: usize, max_in_flight: usize) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                db,
+                statement,
+                max_rows: max_rows.max(1),
+                max_in_flight: max_in_flight.max(1),
+                state: Mutex::new(State {
+                    queue: VecDeque::new(),
+                    in_flight: 0,
+                }),
+            }),
+        }
+    }
+
+    /// Runs the statement for `item`, in a batch with whatever else is
+    /// waiting.
+    pub async fn run(&self, item: S::Item) -> Result<S::Output, DbError> {
+        let (reply, answer) = oneshot::channel();
+        let start = {
+            let mut state = self.shared.lock();
+            state.queue.push_back(Waiting { item, reply });
+            let start = state.in_flight < self.shared.max_in_flight;
+            if start {
+                state.in_flight += 1;
+            }
+            start
+        };
+        if start {
+            tokio::spawn(self.shared.clone().run_batches());
+        }
+        // The sender is dropped unanswered only if its batch's task died.
+        answer.await.unwrap_or(Err(DbError::BatchLost))
+    }
+}
+
+impl<S: BatchStatement> Shared<S> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<S>> {
+        // The state is a queue and a counter, consistent after every step.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs batches until the queue is empty, then frees its slot. Taking
+    /// the batch and freeing the slot happen under the lock that queuing
+    /// takes, so no item is left waiting with no batch to run it.
+    async fn run_batches(self: Arc<Self>) {
+        let mut slot = Slot {
+            shared: self.clone(),
+            freed: false,
+        };
+        loop {
+            let batch: Vec<Waiting<S>> = {
+                let mut state = self.lock();
+                if state.queue.is_empty() {
+                    state.in_flight -= 1;
+                    slot.freed = true;
+                    return;
+                }
+                let take = state.queue.len().min(self.max_rows);
+                state.queue.drain(..take).collect()
+            };
+            self.run_batch(batch).await;
+        }
+    }
+
+    async fn run_batch(&self, batch: Vec<Waiting<S>>) {
+        crate::metrics::batch_rows(self.statement.name(), batch.len());
+        let (items, replies): (Vec<_>, Vec<_>) =
+            batch.into_iter().map(|w| (w.item, w.reply)).unzip();
+        let ran = async {
+            let conn = self.db.conn().await?;
+            self.statement.run(&conn, &items).await
+        }
+        .await;
+        match ran {
+            Ok(outputs) if outputs.len() == items.len() => {
+                for (reply, output) in replies.into_iter().zip(outputs) {
+                    let _ = reply.send(Ok(output));
+                }
+            }
+            Ok(outputs) => {
+                let error = DbError::Decode(format!(
+                    "{} answered {} rows for {} items",
+                    self.statement.name(),
+                    outputs.len(),
+                    items.len()
+                ));
+                share(error, replies);
+            }
+            Err(error) if items.len() == 1 || error.is_transient() => share(error, replies),
+            Err(error) => {
+                tracing::debug!(statement = self.statement.name(), error = %crate::telemetry::error_chain(&error), "batch failed; running its rows one by one");
+                for (item, reply) in items.iter().zip(replies) {
+                    let alone = async {
+                        let conn = self.db.conn().await?;
+                        let mut outputs = self
+                            .statement
+                            .run(&conn, std::slice::from_ref(item))
+                            .await?;
+                        outputs.pop().ok_or_else(|| {
+                            DbError::Decode(format!("{} answered no row", self.statement.name()))
+                        })
+                    }
+                    .await;
+                    let _ = reply.send(alone);
+                }
+            }
+        }
+    }
+}
+
+/// The same error for every request of a batch.
+fn share<T>(error: DbError, replies: Vec<oneshot::Sender<Result<T, DbError>>>) {
+    if let [_] = replies.as_slice() {
+        if let Some(reply) = replies.into_iter().next() {
+            let _ = reply.send(Err(error));
+        }
+        return;
+    }
+    let error = Arc::new(error);
+    for reply in replies {
+        let _ = reply.send(Err(DbError::Batch(error.clone())));
+    }
+}
+
+/// A batch task's slot. If the task ends by a panic, the requests of its
+/// batch get `BatchLost`, and the slot passes to a new task if others wait.
+struct Slot<S: BatchStatement> {
+    shared: Arc<Shared<S>>,
+    freed: bool,
+}
+
+impl<S: BatchStatement> Drop for Slot<S> {
+    fn drop(&mut self) {
+        if self.freed {
+            return;
+        }
+        let waiting = !self.shared.lock().queue.is_empty();
+        if waiting && tokio::runtime::Handle::try_current().is_ok() {
+            tokio::spawn(self.shared.clone().run_batches());
+        } else {
+            self.shared.lock().in_flight -= 1;
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! Batching across requests (`chargeonce::db::batch`): batches form only
+//! under load, each request keeps the answer it would have had alone, and a
+//! failed batch fails only the requests it holds.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chargeonce::db::batch::{BatchStatement, Batcher};
+use chargeonce::db::charges::{self, PendingCharge};
+use chargeonce::db::{Conn, DbError, Statement};
+use chargeonce::domain::{ChargeId, Fingerprint, IdempotencyKey, MerchantId, NewCharge};
+use futures_util::future::join_all;
+use serde_json::json;
+use tokio_postgres::types::Type;
+
+use crate::helpers::{charge_body, spawn_app, spawn_app_with, Reply, TestApp};
+
+/// Inserts numbers into a table of the test's own, slowly enough (50 ms a
+/// statement) that requests queue behind a running batch, and records the
+/// size of every batch it ran. A number 0 kills the connection the
+/// statement runs on, an error of the database itself.
+struct InsertNumbers {
+    sizes: Arc<Mutex<Vec<usize>>>,
+}
+
+const INSERT_NUMBERS: Statement = Statement {
+    sql: "WITH slow AS (SELECT pg_sleep(0.05)), \
+               doomed AS (SELECT pg_terminate_backend(pg_backend_pid()) \
+                           WHERE 0 = ANY($1)) \
+          INSERT INTO numbers (n) \
+          SELECT n FROM unnest($1::int4[]) AS n, slow \
+           WHERE NOT EXISTS (SELECT FROM doomed)",
+    params: &[Type::INT4_ARRAY],
+};
+
+#[async_trait]
+impl BatchStatement for InsertNumbers {
+    type Item = i32;
+    type Output = i32;
+
+    fn name(&self) -> &'static str {
+        "test.insert_numbers"
+    }
+
+    async fn run(&self, conn: &Conn, items: &[i32]) -> Result<Vec<i32>, DbError> {
+        self.sizes.lock().unwrap().push(items.len());
+        let items = items.to_vec();
+        conn.execute(&INSERT_NUMBERS, &[&items]).await?;
+        Ok(items)
+    }
+}
+
+/// A batcher over `numbers (n int CHECK (n > 0))`: at most `max_rows` a
+/// batch, one batch at a time.
+async fn numbers_batcher(
+    app: &TestApp,
+    max_rows: usize,
+) -> (Batcher<InsertNumbers>, Arc<Mutex<Vec<usize>>>) {
+    app.sql()
+        .await
+        .batch_execute("CREATE TABLE numbers (n int NOT NULL CHECK (n > 0))")
+        .await
+        .unwrap();
+    let sizes = Arc::new(Mutex::new(Vec::new()));
+    let statement = InsertNumbers {
+        sizes: sizes.clone(),
+    };
+    (
+        Batcher::with_limits(app.db.clone(), statement, max_rows, 1),
+        sizes,
+    )
+}
+
+/// Runs `first` and, once its statement has begun (so it holds the one
+/// slot), `queued` all at once: they wait behind it and go as one batch.
+async fn behind_a_running_batch(
+    batcher: &Batcher<InsertNumbers>,
+    sizes: &Mutex<Vec<usize>>,
+    first: i32,
+    queued: &[i32],
+) -> (Result<i32, DbError>, Vec<Result<i32, DbError>>) {
+    let running = tokio::spawn({
+        let batcher = batcher.clone();
+        async move { batcher.run(first).await }
+    });
+    while sizes.lock().unwrap().is_empty() {
+        tokio::task::yield_now().await;
+    }
+    let queued = join_all(queued.iter().map(|&n| batcher.run(n))).await;
+    (running.await.unwrap(), queued)
+}
+
+async fn stored_numbers(app: &TestApp) -> HashSet<i32> {
+    app.sql()
+        .await
+        .query("SELECT n FROM numbers", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_request_alone_goes_alone_and_batches_grow_only_under_load() {
+    let app = spawn_app().await;
+    let (batcher, sizes) = numbers_batcher(&app, 8).await;
+
+    assert_eq!(batcher.run(1).await.unwrap(), 1);
+    assert_eq!(
+        *sizes.lock().unwrap(),
+        [1],
+        "a lone request waits for nobody"
+    );
+
+    // 20 at once: the first starts a batch alone, the others queue behind
+    // it and go in batches of at most 8.
+    let answers = join_all((2..22).map(|n| batcher.run(n))).await;
+    for (n, answer) in (2..22).zip(answers) {
+        assert_eq!(answer.unwrap(), n, "each request gets its own answer");
+    }
+    let sizes = sizes.lock().unwrap().clone();
+    assert_eq!(sizes.iter().sum::<usize>(), 21, "{sizes:?}");
+    assert!(sizes.iter().all(|&size| size <= 8), "{sizes:?}");
+    assert!(
+        sizes.len() <= 5,
+        "requests that queued shared statements: {sizes:?}"
+    );
+    assert_eq!(stored_numbers(&app).await, (1..22).collect());
+}
+
+#[tokio::test]
+async fn a_row_the_database_refuses_fails_only_its_own_request() {
+    let app = spawn_app().await;
+    let (batcher, sizes) = numbers_batcher(&app, 8).await;
+
+    // 100 holds the one slot while the others queue into one batch.
+    let (first, queued) = behind_a_running_batch(&batcher, &sizes, 100, &[5, -1, 7, 9]).await;
+    assert_eq!(first.unwrap(), 100);
+    let [five, minus_one, seven, nine]: [Result<i32, DbError>; 4] = queued.try_into().unwrap();
+    assert_eq!(five.unwrap(), 5);
+    assert_eq!(seven.unwrap(), 7);
+    assert_eq!(nine.unwrap(), 9);
+    let refused = minus_one.unwrap_err();
+    assert!(
+        matches!(refused, DbError::Query(ref e) if e.code() == Some(&tokio_postgres::error::SqlState::CHECK_VIOLATION)),
+        "the refused row gets the error it would have had alone: {refused:?}"
+    );
+    assert_eq!(
+        *sizes.lock().unwrap(),
+        [1, 4, 1, 1, 1, 1],
+        "the failed batch went again row by row"
+    );
+    assert_eq!(stored_numbers(&app).await, HashSet::from([100, 5, 7, 9]));
+}
+
+#[tokio::test]
+async fn a_database_failure_reaches_every_request_of_the_batch_and_stores_none() {
+    let app = spawn_app().await;
+    let (batcher, sizes) = numbers_batcher(&app, 8).await;
+
+    let (first, queued) = behind_a_running_batch(&batcher, &sizes, 100, &[5, 0, 7]).await;
+    assert_eq!(first.unwrap(), 100);
+    for answer in queued {
+        let error = answer.unwrap_err();
+        assert!(matches!(error, DbError::Batch(_)), "{error:?}");
+        assert!(
+            error.is_transient(),
+            "a lost connection: retry later ({error:?})"
+        );
+    }
+    assert_eq!(*sizes.lock().unwrap(), [1, 3], "not retried row by row");
+    assert_eq!(stored_numbers(&app).await, HashSet::from([100]));
+
+    // The batcher goes on working on a new connection.
+    assert_eq!(batcher.run(8).await.unwrap(), 8);
+}
+
+async fn merchant_of(app: &TestApp) -> MerchantId {
+    let id: uuid::Uuid = app
+        .sql()
+        .await
+        .query_one("SELECT id FROM merchants", &[])
+        .await
+        .unwrap()
+        .get(0);
+    MerchantId::from_uuid(id)
+}
+
+fn pending(merchant: MerchantId, key: &str, amount: i64) -> PendingCharge {
+    let body = json!({"amount": amount, "currency": "USD"});
+    PendingCharge {
+        id: ChargeId::new(),
+        merchant,
+        key: IdempotencyKey::parse(key).unwrap(),
+        fingerprint: Fingerprint::of(&body),
+        request: NewCharge::parse(&body).unwrap(),
+    }
+}
+
+#[tokio::test]
+async fn duplicate_keys_in_one_statement_make_one_charge() {
+    let app = spawn_app().await;
+    let merchant = merchant_of(&app).await;
+    let lease = Duration::from_secs(30);
+    let conn = app.db.conn().await.unwrap();
+
+    let items = [
+        pending(merchant, "key-b", 100),
+        pending(merchant, "key-a", 200),
+        pending(merchant, "key-b", 300),
+    ];
+    let answers = charges::insert_or_find_many(&conn, &items, lease)
+        .await
+        .unwrap();
+    let [b, a, b_again]: [(chargeonce::domain::Charge, bool); 3] = answers
+        .into_iter()
+        .map(|answer| answer.expect("a charge for every item"))
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap();
+    assert!(b.1 && a.1, "the first of each key is inserted");
+    assert_eq!(b.0.id, items[0].id);
+    assert_eq!(a.0.id, items[1].id);
+    assert!(!b_again.1, "the duplicate finds the first one's charge");
+    assert_eq!(b_again.0.id, b.0.id);
+    assert_eq!(
+        b_again.0.fingerprint, items[0].fingerprint,
+        "so the service sees a different body (422)"
+    );
+    assert_eq!(app.charge_rows().await, 2);
+
+    // A later statement finds the stored charge for a taken key.
+    let items = [
+        pending(merchant, "key-a", 200),
+        pending(merchant, "key-c", 400),
+    ];
+    let answers = charges::insert_or_find_many(&conn, &items, lease)
+        .await
+        .unwrap();
+    let (found, created) = answers[0].clone().unwrap();
+    assert!(!created);
+    assert_eq!(found.id, a.0.id);
+    assert!(answers[1].as_ref().unwrap().1);
+    assert_eq!(app.charge_rows().await, 3);
+}
+
+/// The idempotency contract through HTTP while batches form: many requests
+/// at once on a pool small enough that they queue, each key sent twice with
+/// the same body and once with another.
+#[tokio::test]
+async fn concurrent_requests_in_batches_keep_their_answers() {
+    let app = spawn_app_with(|s| {
+        s.database.pool_size = 4;
+        s.database.batch_rows = 64;
+    })
+    .await;
+    let keys: Vec<String> = (0..20).map(|i| format!("batched-{i}")).collect();
+    let requests = keys.iter().enumerate().flat_map(|(i, key)| {
+        let amount = 1000 + i as i64 * 10;
+        [
+            (key.clone(), amount),
+            (key.clone(), amount),
+            (key.clone(), amount + 1),
+        ]
+    });
+    let answers = join_all(requests.map(|(key, amount)| {
+        let app = &app;
+        async move {
+            let reply = app.post_charge(&key, &charge_body(amount)).await;
+            (key, amount, reply)
+        }
+    }))
+    .await;
+
+    // Per key, whichever body reached the database first owns the key: its
+    // requests all answer with one charge (or 409 while it is in flight),
+    // the other body's get 422.
+    let mut by_key: HashMap<&str, Vec<(i64, &Reply)>> = HashMap::new();
+    for (key, amount, reply) in &answers {
+        by_key.entry(key).or_default().push((*amount, reply));
+    }
+    for (key, replies) in by_key {
+        let owners: HashSet<i64> = replies
+            .iter()
+            .filter(|(_, reply)| reply.status != 422)
+            .map(|(amount, _)| *amount)
+            .collect();
+        assert_eq!(owners.len(), 1, "{key}: one body owns the key: {replies:?}");
+        let mut ids = HashSet::new();
+        for (amount, reply) in &replies {
+            if !owners.contains(amount) {
+                reply.assert_problem(422, "idempotency_key_reused");
+                continue;
+            }
+            match reply.status.as_u16() {
+                201 => {
+                    ids.insert(reply.json()["id"].as_str().unwrap().to_owned());
+                }
+                409 => {
+                    reply.assert_problem(409, "idempotency_key_in_use");
+                }
+                other => panic!("{key}: {other} {}", reply.body),
+            }
+        }
+        assert!(ids.len() <= 1, "{key}: one charge per key: {ids:?}");
+    }
+    assert_eq!(app.charge_rows().await, 20);
+    assert_eq!(app.processor.calls(), 20, "one payment per key");
+}
