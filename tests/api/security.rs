@@ -1,6 +1,8 @@
 //! The promises of SECURITY.md that no other file of this suite already
 //! proves: tenancy swept over every route at once (another merchant's id is
-//! answered exactly like an id that never existed, and changes nothing).
+//! answered exactly like an id that never existed, and changes nothing),
+//! and no secret in any log line or answer over a whole session of the
+//! real binary at the most verbose log level.
 //!
 //! Proven elsewhere, and named in SECURITY.md: private webhook targets
 //! refused under config/production.toml (`webhooks.rs`), the webhook
@@ -13,8 +15,9 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::helpers::{spawn_app, TestApp};
-use crate::webhook_receiver::create_endpoint;
+use crate::helpers::{charge_body, spawn_app, TestApp};
+use crate::processes::{start_service, Database};
+use crate::webhook_receiver::{create_endpoint, Receiver};
 
 /// Every row of every table, as text, in a fixed order: what "nothing
 /// changed" is checked against.
@@ -255,5 +258,288 @@ async fn another_merchant_gets_what_an_unknown_id_gets_on_every_route_and_change
     );
     for (path, seen) in a_paths.iter().zip(&a_view) {
         assert_eq!(&app.get(path).await.body, seen, "A's {path} changed");
+    }
+}
+
+/// Every answer of a session: (what, its headers and body as text).
+#[derive(Default)]
+struct Answers(Vec<(String, String)>);
+
+impl Answers {
+    async fn send(&mut self, what: &str, request: reqwest::RequestBuilder) -> (u16, String) {
+        let response = request.send().await.expect("request sent");
+        let status = response.status().as_u16();
+        let headers = format!("{:?}", response.headers());
+        let body = response.text().await.expect("body");
+        self.0
+            .push((format!("{what} ({status})"), format!("{headers}\n{body}")));
+        (status, body)
+    }
+}
+
+/// A whole session against the real binary at the most verbose log level
+/// (`RUST_LOG=trace`: every line the service and its libraries write, the
+/// database driver's debug lines among them): charges, a replay, a refund, a webhook endpoint (created,
+/// replayed, listed, deleted) whose deliveries really go out, events and
+/// deliveries read back, and the errors a careless or hostile client
+/// causes. Afterwards no log line holds an API key (valid, another
+/// merchant's, or a wrong one), the webhook signing secret or the database
+/// password; no answer holds an API key; the webhook secret is in the
+/// creation answer and its replay and nowhere else (no other answer, no
+/// header, no delivered webhook).
+#[tokio::test]
+async fn no_secret_in_any_log_line_and_the_webhook_secret_only_in_its_creation_answer() {
+    let db = Database::migrated().await;
+    let secret = db.create_merchant().await;
+    let other = db.create_merchant().await;
+    let wrong = "sk_wrong_but_well_formed_0123456789abcdef0123456789ab";
+    let mut with_password = url::Url::parse(&db.url).unwrap();
+    with_password
+        .set_password(Some("hunter2-db-password"))
+        .unwrap();
+    let service = start_service(
+        with_password.as_str(),
+        &[
+            ("RUST_LOG", "trace".to_owned()),
+            ("CHARGEONCE__LOG__FORMAT", "json".to_owned()),
+            ("CHARGEONCE__WEBHOOKS__INTERVAL_MS", "50".to_owned()),
+        ],
+    )
+    .await;
+    let receiver = Receiver::start().await;
+    let http = reqwest::Client::new();
+    let mut answers = Answers::default();
+    let url = |path: &str| format!("{}{path}", service.url);
+    let post = |key: &str, path: &str, idempotency: &str, body: &str| {
+        http.post(url(path))
+            .bearer_auth(key)
+            .header("Idempotency-Key", idempotency)
+            .header("Content-Type", "application/json")
+            .body(body.to_owned())
+    };
+    let get = |key: &str, path: &str| http.get(url(path)).bearer_auth(key);
+
+    // The webhook endpoint first, so the charge's events are delivered.
+    let endpoint_body = json!({ "url": receiver.url }).to_string();
+    let (status, created) = answers
+        .send(
+            "endpoint created",
+            post(&secret, "/v1/webhook_endpoints", "we-1", &endpoint_body),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    let created: Value = serde_json::from_str(&created).unwrap();
+    let hook_secret = created["secret"].as_str().unwrap().to_owned();
+    let hook_key = hook_secret.strip_prefix("whsec_").unwrap().to_owned();
+    let endpoint = created["id"].as_str().unwrap().to_owned();
+    let (status, _) = answers
+        .send(
+            "endpoint replayed",
+            post(&secret, "/v1/webhook_endpoints", "we-1", &endpoint_body),
+        )
+        .await;
+    assert_eq!(status, 201);
+
+    let (status, charge) = answers
+        .send(
+            "charge",
+            post(&secret, "/v1/charges", "c-1", &charge_body(1000)),
+        )
+        .await;
+    assert_eq!(status, 201, "{charge}");
+    let charge = serde_json::from_str::<Value>(&charge).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    answers
+        .send(
+            "charge replayed",
+            post(&secret, "/v1/charges", "c-1", &charge_body(1000)),
+        )
+        .await;
+    answers
+        .send(
+            "charge declined",
+            post(&secret, "/v1/charges", "c-2", &charge_body(1002)),
+        )
+        .await;
+    let (status, refund) = answers
+        .send(
+            "refund",
+            post(
+                &secret,
+                &format!("/v1/charges/{charge}/refunds"),
+                "r-1",
+                r#"{"amount":100}"#,
+            ),
+        )
+        .await;
+    assert_eq!(status, 201, "{refund}");
+    let refund = serde_json::from_str::<Value>(&refund).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // Wait for the deliveries, so the signing path has run.
+    receiver
+        .wait_until(
+            "charge.succeeded, charge.failed and refund.succeeded",
+            Duration::from_secs(15),
+            |r| r.len() >= 3,
+        )
+        .await;
+    let (_, events) = answers.send("events", get(&secret, "/v1/events")).await;
+    let events: Value = serde_json::from_str(&events).unwrap();
+    let event = events["data"][0]["id"].as_str().unwrap().to_owned();
+    for path in [
+        format!("/v1/charges/{charge}"),
+        "/v1/charges".to_owned(),
+        format!("/v1/charges/{charge}/refunds"),
+        format!("/v1/refunds/{refund}"),
+        "/v1/refunds".to_owned(),
+        format!("/v1/events/{event}"),
+        format!("/v1/events/{event}/deliveries"),
+        "/v1/webhook_endpoints".to_owned(),
+    ] {
+        let (status, body) = answers.send(&path, get(&secret, &path)).await;
+        assert_eq!(status, 200, "{path}: {body}");
+    }
+
+    // What careless or hostile clients cause.
+    for (what, request) in [
+        ("wrong key", get(wrong, "/v1/charges")),
+        ("wrong key again", get(wrong, "/v1/charges")),
+        (
+            "wrong key on a write",
+            post(wrong, "/v1/charges", "x-1", &charge_body(500)),
+        ),
+        (
+            "key as another scheme",
+            http.get(url("/v1/charges"))
+                .header("Authorization", format!("Basic {secret}")),
+        ),
+        (
+            "key twice",
+            http.get(url("/v1/charges"))
+                .header("Authorization", format!("Bearer {secret}"))
+                .header("Authorization", format!("Bearer {other}")),
+        ),
+        (
+            "key in the path",
+            get(&secret, &format!("/v1/charges/{secret}")),
+        ),
+        (
+            "key in the query",
+            get(&secret, &format!("/v1/charges?starting_after={secret}")),
+        ),
+        (
+            "key reused with another body",
+            post(&secret, "/v1/charges", "c-1", &charge_body(999)),
+        ),
+        (
+            "endpoint key reused with another body",
+            post(
+                &secret,
+                "/v1/webhook_endpoints",
+                "we-1",
+                r#"{"url":"http://127.0.0.1:9/"}"#,
+            ),
+        ),
+        (
+            "secret in an endpoint body",
+            post(
+                &secret,
+                "/v1/webhook_endpoints",
+                "we-2",
+                &json!({ "url": receiver.url, "secret": hook_secret }).to_string(),
+            ),
+        ),
+        (
+            "invalid body",
+            post(&secret, "/v1/charges", "x-2", r#"{"amount":"ten"}"#),
+        ),
+        (
+            "another merchant's charge",
+            get(&other, &format!("/v1/charges/{charge}")),
+        ),
+        (
+            "another merchant's endpoint",
+            http.delete(url(&format!("/v1/webhook_endpoints/{endpoint}")))
+                .bearer_auth(&other),
+        ),
+        (
+            "no route for this method",
+            http.put(url(&format!("/v1/charges/{charge}")))
+                .bearer_auth(&secret),
+        ),
+        (
+            "endpoint deleted",
+            http.delete(url(&format!("/v1/webhook_endpoints/{endpoint}")))
+                .bearer_auth(&secret),
+        ),
+    ] {
+        let (status, body) = answers.send(what, request).await;
+        assert!(status >= 200, "{what}: {body}");
+    }
+    let (_, replay_after_delete) = answers
+        .send(
+            "endpoint replayed after its deletion",
+            post(&secret, "/v1/webhook_endpoints", "we-1", &endpoint_body),
+        )
+        .await;
+    assert!(replay_after_delete.contains(&hook_key));
+
+    // The answers: the secret key in none; the webhook secret in the
+    // creation answer and its replays only.
+    let mut holding_secret = Vec::new();
+    for (what, text) in &answers.0 {
+        for key in [secret.as_str(), other.as_str(), wrong] {
+            assert!(!text.contains(key), "{what} holds an API key: {text}");
+        }
+        if text.contains(&hook_key) {
+            holding_secret.push(what.as_str());
+        }
+    }
+    assert_eq!(
+        holding_secret,
+        [
+            "endpoint created (201)",
+            "endpoint replayed (201)",
+            "endpoint replayed after its deletion (201)"
+        ],
+        "the webhook secret is in these answers"
+    );
+    // The webhooks themselves carry a signature, never the secret.
+    for delivered in receiver.received() {
+        let seen = format!(
+            "{} {} {}",
+            delivered.headers(),
+            delivered.content_type,
+            String::from_utf8_lossy(&delivered.body)
+        );
+        assert!(!seen.contains(&hook_key), "{seen}");
+    }
+
+    // The log, once the last lines are out.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = service.log();
+    assert!(
+        log.iter().any(|line| line.contains("\"level\":\"TRACE\"")),
+        "the log was captured at trace level"
+    );
+    assert!(
+        log.iter()
+            .any(|line| line.contains("tokio_postgres") && line.contains("DEBUG")),
+        "the driver's debug lines are in the log"
+    );
+    for (name, leaked) in [
+        ("the API key", secret.as_str()),
+        ("the other merchant's API key", other.as_str()),
+        ("a wrong API key", wrong),
+        ("the webhook secret", hook_key.as_str()),
+        ("the database password", "hunter2-db-password"),
+    ] {
+        let lines: Vec<&String> = log.iter().filter(|line| line.contains(leaked)).collect();
+        assert!(lines.is_empty(), "{name} is in the log: {lines:#?}");
     }
 }
