@@ -26,6 +26,12 @@ const DEFAULT_FILTER: &str = "info,tokio_postgres=warn,refinery_core=warn";
 /// `http::server`. Silenced unless `RUST_LOG` names actix_http itself.
 const QUIET_DISPATCHER: &str = "actix_http::h1::dispatcher=off";
 
+/// tokio-postgres writes every statement's parameters at debug level, and
+/// some parameters are secrets (a webhook endpoint's signing secret when it
+/// is created). So `RUST_LOG=debug` (or trace) does not reach that module
+/// unless `RUST_LOG` names tokio_postgres itself.
+const QUIET_PARAMETERS: &str = "tokio_postgres::query=info";
+
 /// How long a line may wait in memory before it reaches stderr.
 const FLUSH_INTERVAL: Duration = Duration::from_millis(20);
 
@@ -58,9 +64,14 @@ pub fn init(format: LogFormat) -> Option<LogGuard> {
     let asked = std::env::var("RUST_LOG").unwrap_or_default();
     let mut filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
-    if !asked.contains("actix_http") {
-        if let Ok(quiet) = QUIET_DISPATCHER.parse() {
-            filter = filter.add_directive(quiet);
+    for (named, quiet) in [
+        ("actix_http", QUIET_DISPATCHER),
+        ("tokio_postgres", QUIET_PARAMETERS),
+    ] {
+        if !asked.contains(named) {
+            if let Ok(quiet) = quiet.parse() {
+                filter = filter.add_directive(quiet);
+            }
         }
     }
     let buffer = Arc::new(Buffer::default());
