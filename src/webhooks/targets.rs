@@ -104,19 +104,39 @@ pub fn is_private(ip: IpAddr) -> bool {
 }
 
 fn is_private_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, c, _] = ip.octets();
     ip.is_loopback()           // 127.0.0.0/8
         || ip.is_private()     // 10/8, 172.16/12, 192.168/16
         || ip.is_link_local()  // 169.254/16, cloud metadata among them
         // 0.0.0.0/8, "this network": Linux connects 0.0.0.0 to the local host.
-        || ip.octets()[0] == 0
+        || a == 0
+        // 100.64/10, shared address space (carrier NAT; Alibaba Cloud's
+        // metadata service is 100.100.100.200).
+        || (a == 100 && b & 0xc0 == 64)
+        || (a == 192 && b == 0 && c == 0) // 192.0.0.0/24, protocol assignments
+        || (a == 198 && b & 0xfe == 18)   // 198.18/15, benchmarking
+        || a >= 224 // multicast, reserved, broadcast
 }
 
 fn is_private_v6(ip: Ipv6Addr) -> bool {
-    let first = ip.segments()[0];
+    let segments = ip.segments();
+    let first = segments[0];
+    // An IPv4 address inside an IPv6 one reaches that IPv4 address:
+    // ::a.b.c.d (IPv4-compatible), 64:ff9b::/96 (NAT64), 2002::/16 (6to4).
+    let embedded = |high: u16, low: u16| {
+        let [a, b] = high.to_be_bytes();
+        let [c, d] = low.to_be_bytes();
+        is_private_v4(Ipv4Addr::new(a, b, c, d))
+    };
     ip.is_loopback()                  // ::1
         || ip.is_unspecified()        // ::
         || first & 0xfe00 == 0xfc00   // fc00::/7, unique local
-        || first & 0xffc0 == 0xfe80 // fe80::/10, link-local
+        || first & 0xffc0 == 0xfe80   // fe80::/10, link-local
+        || first & 0xffc0 == 0xfec0   // fec0::/10, site-local (deprecated)
+        || first & 0xff00 == 0xff00   // ff00::/8, multicast
+        || (segments[..6] == [0; 6] && embedded(segments[6], segments[7]))
+        || (segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] && embedded(segments[6], segments[7]))
+        || (first == 0x2002 && embedded(segments[1], segments[2]))
 }
 
 /// The addresses of `host`, all public, or why not.
@@ -188,6 +208,20 @@ mod tests {
             "febf::1",
             "::ffff:127.0.0.1",
             "::ffff:10.0.0.1",
+            "100.64.0.1",
+            "100.100.100.200",
+            "100.127.255.255",
+            "192.0.0.8",
+            "198.18.0.1",
+            "198.19.255.255",
+            "224.0.0.1",
+            "240.0.0.1",
+            "255.255.255.255",
+            "fec0::1",
+            "ff02::1",
+            "::127.0.0.1",
+            "64:ff9b::a9fe:a9fe",
+            "2002:a00:1::",
         ] {
             assert!(is_private(ip(private)), "{private} is private");
         }
@@ -200,8 +234,15 @@ mod tests {
             "169.255.0.1",
             "1.0.0.0",
             "2606:4700::1111",
-            "fec0::1",
             "::ffff:8.8.8.8",
+            "100.63.255.255",
+            "100.128.0.0",
+            "192.0.1.1",
+            "198.17.255.255",
+            "198.20.0.0",
+            "223.255.255.255",
+            "64:ff9b::808:808",
+            "2002:808:808::",
         ] {
             assert!(!is_private(ip(public)), "{public} is public");
         }
