@@ -20,6 +20,7 @@ mod recovery;
 mod refunds;
 mod replay_cache;
 mod retention;
+mod schema;
 mod security;
 mod tenancy;
 mod unavailable;
