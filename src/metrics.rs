@@ -105,7 +105,8 @@ fn describe() {
     );
     describe_histogram!(
         BATCH_ROWS,
-        "Rows per batched statement, by statement (insert_charges, record_charge_outcomes)."
+        "Rows per batch, by statement (charges.insert_or_find, charges.record_outcomes, \
+         refunds.record_outcome)."
     );
     describe_gauge!(POOL_SIZE, "Open database connections per pool.");
     describe_gauge!(POOL_IN_USE, "Database connections in use per pool.");
