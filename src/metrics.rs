@@ -28,6 +28,12 @@ pub const POOL_SIZE: &str = "chargeonce_db_pool_connections";
 pub const POOL_IN_USE: &str = "chargeonce_db_pool_in_use";
 pub const POOL_WAITERS: &str = "chargeonce_db_pool_waiters";
 pub const POOL_MAX: &str = "chargeonce_db_pool_max_size";
+pub const WEBHOOK_UNDISPATCHED: &str = "chargeonce_webhook_undispatched_events";
+pub const WEBHOOK_PENDING: &str = "chargeonce_webhook_pending_deliveries";
+pub const WEBHOOK_OLDEST_AGE: &str = "chargeonce_webhook_oldest_undelivered_age_seconds";
+pub const WEBHOOK_ATTEMPTS: &str = "chargeonce_webhook_attempts_total";
+pub const WEBHOOK_ATTEMPT_DURATION: &str = "chargeonce_webhook_attempt_duration_seconds";
+pub const WEBHOOK_GIVEN_UP: &str = "chargeonce_webhook_deliveries_failed_total";
 
 /// Latency buckets, seconds: a millisecond to half a minute.
 const BUCKETS: &[f64] = &[
@@ -115,6 +121,43 @@ fn describe() {
         "Requests waiting for a database connection per pool."
     );
     describe_gauge!(POOL_MAX, "The most connections a pool may open.");
+    describe_gauge!(
+        WEBHOOK_UNDISPATCHED,
+        "Events in the outbox not yet fanned out to webhook deliveries (dispatched = false), \
+         counted up to 10000. Measured every second by each instance's dispatcher: the same \
+         database-wide number from every instance."
+    );
+    describe_gauge!(
+        WEBHOOK_PENDING,
+        "Webhook deliveries pending (status = 'pending': not yet attempted, being attempted, \
+         or waiting for a retry), counted up to 10000. Measured like the undispatched events."
+    );
+    describe_gauge!(
+        WEBHOOK_OLDEST_AGE,
+        "Seconds since the oldest event not yet delivered was created: the oldest \
+         undispatched event or the oldest event with a pending delivery, whichever is older \
+         (of the pending deliveries, the 10000 due first are looked at); 0 when none. \
+         Measured like the undispatched events."
+    );
+    describe_counter!(
+        WEBHOOK_ATTEMPTS,
+        "Webhook delivery attempts by outcome: delivered (2xx), failed_status (any other \
+         answer, 3xx included), timeout (no answer within webhooks.timeout_ms), failed_connect \
+         (no connection: DNS, refused, unreachable, TLS), failed_no_answer (connected, but the \
+         connection closed or broke before an answer), refused_target (a private address under \
+         webhooks.allow_private_targets = false), unsendable (the stored URL, secret or event \
+         could not be used; not sent)."
+    );
+    describe_histogram!(
+        WEBHOOK_ATTEMPT_DURATION,
+        "Webhook delivery attempt latency: resolving, connecting, sending and the answer \
+         (as the attempt's duration_ms in the API)."
+    );
+    describe_counter!(
+        WEBHOOK_GIVEN_UP,
+        "Webhook deliveries given up for good (status failed), by reason: max_attempts (the \
+         last of webhooks.max_attempts failed), endpoint_deleted."
+    );
 }
 
 pub fn http_request(route: &str, method: &str, status: u16, took: Duration) {
@@ -156,6 +199,23 @@ pub fn replay_cache(kind: &'static str, result: &'static str) {
 
 pub fn batch_rows(statement: &'static str, rows: usize) {
     histogram!(BATCH_ROWS, "statement" => statement).record(rows as f64);
+}
+
+/// The outbox backlog as one measurement saw it (see `WEBHOOK_UNDISPATCHED`
+/// and the next two).
+pub fn webhook_backlog(undispatched_events: i64, pending_deliveries: i64, oldest_age_secs: f64) {
+    gauge!(WEBHOOK_UNDISPATCHED).set(undispatched_events as f64);
+    gauge!(WEBHOOK_PENDING).set(pending_deliveries as f64);
+    gauge!(WEBHOOK_OLDEST_AGE).set(oldest_age_secs);
+}
+
+pub fn webhook_attempt(outcome: &'static str, took: Duration) {
+    counter!(WEBHOOK_ATTEMPTS, "outcome" => outcome).increment(1);
+    histogram!(WEBHOOK_ATTEMPT_DURATION).record(took.as_secs_f64());
+}
+
+pub fn webhook_deliveries_failed(reason: &'static str, deliveries: usize) {
+    counter!(WEBHOOK_GIVEN_UP, "reason" => reason).increment(deliveries as u64);
 }
 
 /// The pools of one application, named, so their state can be read when

@@ -45,8 +45,9 @@ pub enum StartupError {
 /// retention), apart from the request handlers' `database.pool_size`.
 pub const BACKGROUND_CONNECTIONS: usize = 4;
 
-/// Connections of the webhook dispatcher, a pool of its own so deliveries
-/// and requests never wait for each other's connections.
+/// Connections of the webhook dispatcher (and of its backlog measurement,
+/// `workers::backlog`), a pool of its own so deliveries and requests never
+/// wait for each other's connections.
 pub const DISPATCHER_CONNECTIONS: usize = 4;
 
 /// Descriptors kept free beyond the HTTP connections: database connections,
@@ -273,13 +274,14 @@ impl Application {
             _ => None,
         };
 
+        let dispatcher_db = Database::new(&settings.database, DISPATCHER_CONNECTIONS)?;
         let dispatcher = Dispatcher::new(
-            Database::new(&settings.database, DISPATCHER_CONNECTIONS)?,
+            dispatcher_db.clone(),
             Sender::new(&settings.webhooks).map_err(StartupError::WebhookClient)?,
             settings.webhooks.clone(),
         );
         let stop = CancellationToken::new();
-        let background = vec![
+        let mut background = vec![
             tokio::spawn(workers::sweeper::run(
                 background_db.clone(),
                 settings.idempotency.clone(),
@@ -302,6 +304,13 @@ impl Application {
                 stop.clone(),
             )),
         ];
+        // Only for the metrics: no measuring when nobody can read them.
+        if settings.metrics.enabled {
+            background.push(tokio::spawn(workers::backlog::run(
+                dispatcher_db,
+                stop.clone(),
+            )));
+        }
         tracing::info!(%address, port, "chargeonce listening");
         if demo {
             let url = format!("http://{}:{port}/demo", settings.server.host);

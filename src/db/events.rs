@@ -95,6 +95,38 @@ pub const DELETE_EXPIRED: Statement = Statement {
     params: &[Type::UUID, Type::INT8],
 };
 
+/// The outbox backlog, for the metrics (`workers::backlog`): undispatched
+/// events and pending deliveries, each counted up to `$1`, and the age in
+/// seconds of the oldest event not yet delivered (the oldest undispatched
+/// event or the oldest event of a pending delivery, whichever is older; 0
+/// when there is none).
+///
+/// Every read goes through a partial index and stops at `$1` entries: the
+/// events by `events_undispatched` (ids are UUIDv7, so its first entry is
+/// the oldest), the deliveries by `webhook_deliveries_due`, whose first `$1`
+/// entries (the ones due first) are the ones looked at for the oldest event;
+/// with more pending deliveries than that, the oldest may be missed. The
+/// one or two events whose age is taken are found by `events_pkey`. No plan
+/// reads a whole table, whatever the statistics say.
+pub const BACKLOG: Statement = Statement {
+    sql: "WITH pending AS MATERIALIZED ( \
+              SELECT event_id FROM webhook_deliveries \
+               WHERE status = 'pending' \
+               ORDER BY next_attempt_at LIMIT $1 \
+          ) \
+          SELECT (SELECT count(*) FROM ( \
+                      SELECT FROM events WHERE NOT dispatched ORDER BY id LIMIT $1) u) \
+                     AS undispatched_events, \
+                 (SELECT count(*) FROM pending) AS pending_deliveries, \
+                 coalesce(extract(epoch FROM now() - ( \
+                     SELECT min(created_at) FROM events \
+                      WHERE id = ANY (ARRAY[ \
+                            (SELECT id FROM events WHERE NOT dispatched ORDER BY id LIMIT 1), \
+                            (SELECT event_id FROM pending ORDER BY event_id LIMIT 1)]) \
+                 )), 0)::float8 AS oldest_age_seconds",
+    params: &[Type::INT8],
+};
+
 /// Newest first; `starting_after` continues after that event, `of_type`
 /// keeps only that type.
 pub async fn list(
@@ -142,6 +174,28 @@ pub async fn fan_out(conn: &Conn, batch: i64) -> Result<FannedOut, DbError> {
     Ok(FannedOut {
         events: column(row, "events")?,
         deliveries: column(row, "deliveries")?,
+    })
+}
+
+/// What `BACKLOG` measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Backlog {
+    pub undispatched_events: i64,
+    pub pending_deliveries: i64,
+    /// Seconds; 0 when nothing waits.
+    pub oldest_age_seconds: f64,
+}
+
+/// See `BACKLOG`; counts stop at `limit`.
+pub async fn backlog(conn: &Conn, limit: i64) -> Result<Backlog, DbError> {
+    let rows = conn.query(&BACKLOG, &[&limit]).await?;
+    let row = rows
+        .first()
+        .ok_or_else(|| DbError::Decode("the backlog query returned no row".into()))?;
+    Ok(Backlog {
+        undispatched_events: column(row, "undispatched_events")?,
+        pending_deliveries: column(row, "pending_deliveries")?,
+        oldest_age_seconds: column(row, "oldest_age_seconds")?,
     })
 }
 

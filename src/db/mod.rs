@@ -558,6 +558,7 @@ pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
     ("events::FIND", events::FIND),
     ("events::FAN_OUT", events::FAN_OUT),
     ("events::DELETE_EXPIRED", events::DELETE_EXPIRED),
+    ("events::BACKLOG", events::BACKLOG),
     (
         "webhook_endpoints::INSERT_OR_FIND",
         webhook_endpoints::INSERT_OR_FIND,

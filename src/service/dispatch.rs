@@ -36,6 +36,7 @@ use crate::config::WebhookSettings;
 use crate::db::webhook_deliveries::{AttemptRecord, ClaimedDelivery};
 use crate::db::{self, Database};
 use crate::domain::DeliveryStatus;
+use crate::metrics;
 use crate::telemetry::error_chain;
 use crate::webhooks::Sender;
 
@@ -112,6 +113,7 @@ impl Dispatcher {
                 .await?
         };
         if claim.dropped > 0 {
+            metrics::webhook_deliveries_failed("endpoint_deleted", claim.dropped);
             tracing::info!(
                 deliveries = claim.dropped,
                 "gave up deliveries to deleted webhook endpoints"
@@ -141,6 +143,7 @@ impl Dispatcher {
             .sender
             .send(&delivery.url, &delivery.secret, &delivery.event)
             .await;
+        metrics::webhook_attempt(outcome.kind.as_str(), outcome.duration);
         let number = delivery.attempts + 1;
         let record = AttemptRecord {
             delivered: outcome.delivered(),
@@ -180,11 +183,14 @@ impl Dispatcher {
                             next_attempt_at = %recorded.next_attempt_at,
                             "webhook attempt failed; will retry"
                         ),
-                        DeliveryStatus::Failed => tracing::warn!(
-                            %event, %endpoint, attempts = recorded.attempts,
-                            status = ?outcome.status_code, error = outcome.error.as_deref().unwrap_or(""),
-                            "webhook delivery failed for good (webhooks.max_attempts)"
-                        ),
+                        DeliveryStatus::Failed => {
+                            metrics::webhook_deliveries_failed("max_attempts", 1);
+                            tracing::warn!(
+                                %event, %endpoint, attempts = recorded.attempts,
+                                status = ?outcome.status_code, error = outcome.error.as_deref().unwrap_or(""),
+                                "webhook delivery failed for good (webhooks.max_attempts)"
+                            )
+                        }
                     }
                     return;
                 }

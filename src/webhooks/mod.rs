@@ -7,5 +7,5 @@ pub mod sender;
 pub mod signature;
 pub mod targets;
 
-pub use sender::{AttemptOutcome, Sender};
+pub use sender::{AttemptKind, AttemptOutcome, Sender};
 pub use targets::TargetPolicy;

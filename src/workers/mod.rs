@@ -1,6 +1,7 @@
 //! Background work inside `serve`. Every worker runs until the shared
 //! cancellation token fires, which happens once the HTTP server has drained.
 
+pub mod backlog;
 pub mod dispatcher;
 pub mod event_retention;
 pub mod recovery;

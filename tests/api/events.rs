@@ -189,6 +189,12 @@ async fn outbox_statements_do_not_depend_on_statistics() {
         ("events::LIST", &events::LIST, "events_listing"),
         ("events::FIND", &events::FIND, "events_listing"),
         ("events::FAN_OUT", &events::FAN_OUT, "events_undispatched"),
+        ("events::BACKLOG", &events::BACKLOG, "events_undispatched"),
+        (
+            "events::BACKLOG",
+            &events::BACKLOG,
+            "webhook_deliveries_due",
+        ),
         (
             "events::DELETE_EXPIRED",
             &events::DELETE_EXPIRED,

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::helpers::{charge_body, spawn_app_with, TestApp};
-use crate::processes::{start_service, Database};
+use crate::processes::{start_service, Database, Process};
+use crate::webhook_receiver::{create_endpoint, Answer, Receiver};
 
 /// The sum of the samples of `family` whose labels include all of `labels`
 /// (histograms: their `_count`).
@@ -178,6 +179,146 @@ async fn every_metric_family_moves_when_its_event_happens() {
         );
     }
     assert!(after.contains("# HELP chargeonce_idempotency_outcomes_total"));
+}
+
+/// The value of the unlabelled series `family` of a real service, if it has
+/// one yet.
+fn gauge(text: &str, family: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(family)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Scrapes `service` until `done` holds for its metrics; the last scrape.
+async fn wait_for_metrics(service: &Process, what: &str, done: impl Fn(&str) -> bool) -> String {
+    let started = Instant::now();
+    loop {
+        let text = reqwest::get(format!("{}/metrics", service.url))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if done(&text) {
+            return text;
+        }
+        let webhook: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("chargeonce_webhook"))
+            .collect();
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "waited for {what}:\n{}",
+            webhook.join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+const UNDISPATCHED: &str = "chargeonce_webhook_undispatched_events";
+const PENDING: &str = "chargeonce_webhook_pending_deliveries";
+const OLDEST: &str = "chargeonce_webhook_oldest_undelivered_age_seconds";
+const ATTEMPTS: &str = "chargeonce_webhook_attempts_total";
+
+/// The webhook families, on real processes (each has a recorder of its own,
+/// so the values are exact): the backlog while the dispatcher is held back
+/// and while a delivery is pending, back to 0 once everything is delivered
+/// or given up; attempts by outcome, their latency, deliveries given up.
+#[tokio::test]
+async fn webhook_metrics_follow_the_backlog_and_every_attempt() {
+    let db = Database::migrated().await;
+    let secret = db.create_merchant().await;
+    let receiver = Receiver::start().await;
+    // Each request held 1.5 s, so a pending delivery outlasts a measurement
+    // (every second); the first answer a failure, then success.
+    receiver.delay(Duration::from_millis(1500));
+    receiver.script([Answer::Status(500)]);
+    let types = Some(&["charge.succeeded"][..]);
+
+    // Held back: the dispatcher's first round is an hour away. The backlog
+    // is measured all the same.
+    let held = start_service(
+        &db.url,
+        &[("CHARGEONCE__WEBHOOKS__INTERVAL_MS", "3600000".to_owned())],
+    )
+    .await;
+    create_endpoint(&held.url, &secret, &receiver.url, types).await;
+    // Nothing listens there: every attempt fails to connect.
+    create_endpoint(&held.url, &secret, "http://127.0.0.1:9/hooks", types).await;
+    let charge = reqwest::Client::new()
+        .post(format!("{}/v1/charges", held.url))
+        .bearer_auth(&secret)
+        .header("Idempotency-Key", "metered")
+        .header("Content-Type", "application/json")
+        .body(charge_body(100))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(charge.status(), 201);
+    let text = wait_for_metrics(&held, "an undispatched event", |text| {
+        gauge(text, UNDISPATCHED) >= Some(1.0) && gauge(text, OLDEST) > Some(0.0)
+    })
+    .await;
+    assert_eq!(gauge(&text, PENDING), Some(0.0));
+    assert_eq!(sample(&text, ATTEMPTS, &[]), 0.0);
+    drop(held);
+
+    // Let go: two attempts to the receiver (500, then 200), three failed
+    // connections to the other endpoint, which is then given up.
+    let service = start_service(
+        &db.url,
+        &[
+            ("CHARGEONCE__WEBHOOKS__INTERVAL_MS", "20".to_owned()),
+            ("CHARGEONCE__WEBHOOKS__TIMEOUT_MS", "3000".to_owned()),
+            ("CHARGEONCE__WEBHOOKS__MAX_ATTEMPTS", "3".to_owned()),
+            ("CHARGEONCE__WEBHOOKS__BACKOFF_BASE_MS", "100".to_owned()),
+            ("CHARGEONCE__WEBHOOKS__MAX_BACKOFF_MS", "200".to_owned()),
+        ],
+    )
+    .await;
+    wait_for_metrics(&service, "a pending delivery", |text| {
+        gauge(text, PENDING) >= Some(1.0) && gauge(text, UNDISPATCHED) == Some(0.0)
+    })
+    .await;
+    let text = wait_for_metrics(&service, "an empty backlog", |text| {
+        sample(text, ATTEMPTS, &[("outcome", "delivered")]) >= 1.0
+            && sample(text, "chargeonce_webhook_deliveries_failed_total", &[]) >= 1.0
+            && [UNDISPATCHED, PENDING, OLDEST]
+                .iter()
+                .all(|family| gauge(text, family) == Some(0.0))
+    })
+    .await;
+    for (outcome, attempts) in [
+        ("delivered", 1.0),
+        ("failed_status", 1.0),
+        ("failed_connect", 3.0),
+        ("timeout", 0.0),
+    ] {
+        assert_eq!(
+            sample(&text, ATTEMPTS, &[("outcome", outcome)]),
+            attempts,
+            "{outcome}"
+        );
+    }
+    assert_eq!(
+        sample(
+            &text,
+            "chargeonce_webhook_attempt_duration_seconds_count",
+            &[]
+        ),
+        5.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "chargeonce_webhook_deliveries_failed_total",
+            &[("reason", "max_attempts")]
+        ),
+        1.0
+    );
+    for family in [UNDISPATCHED, PENDING, OLDEST, ATTEMPTS] {
+        assert!(text.contains(&format!("# HELP {family}")), "{family}");
+    }
+    assert_eq!(receiver.received().len(), 2);
 }
 
 /// `metrics.port`: a listener of its own, and none on the API's port.
