@@ -8,8 +8,9 @@ use crate::domain::{ChargeId, MerchantId, NewCharge, RequestFingerprint};
 use crate::error::ApiError;
 use crate::service::charges::{ChargeReply, Charges};
 
-/// Creates a charge, at most once per `Idempotency-Key`. The answer's status
-/// is the charge's: 201 succeeded, 202 pending (the processor's answer is
+/// Create a charge, at most once per `Idempotency-Key`.
+///
+/// The answer's status is the charge's: 201 succeeded, 202 pending (the processor's answer is
 /// not final yet; the charge is settled in the background, read it or wait
 /// for its event), 402 declined. Every replay is the first answer, byte for
 /// byte, with `Idempotent-Replayed: true`.
@@ -18,7 +19,7 @@ use crate::service::charges::{ChargeReply, Charges};
     path = "/v1/charges",
     tag = "charges",
     operation_id = "createCharge",
-    params(("Idempotency-Key" = String, Header, description = "Names this logical request: 1 to 255 visible ASCII characters (a quoted form, `\"abc\"`, names the same key as `abc`). The same key with the same body replays the first answer; with another body it is 422.", min_length = 1, max_length = 257, example = "order-1042-attempt")),
+    params(("Idempotency-Key" = String, Header, description = "Names this logical request: 1 to 255 visible ASCII characters (a quoted form, `\"abc\"`, names the same key as `abc`). The same key with the same body replays the first answer; with another body it is 422.", pattern = "^[!-~]{1,255}$", example = "order-1042-attempt")),
     request_body(content = ChargeRequest, content_type = "application/json"),
     responses(
         (status = 201, description = "Succeeded", body = crate::http::openapi::Charge, headers(

@@ -89,12 +89,15 @@ fn embedded_file(content_type: &'static str, body: &'static str) -> HttpResponse
 
 /// The merchant backend's forwarding route, with the demo merchant standing
 /// in for "the merchant whose secret key the backend holds".
+/// Create a charge for the demo merchant (no API key).
+///
+/// The charge flow of `POST /v1/charges`, for the server-held demo merchant.
 #[utoipa::path(
     post,
     path = "/demo/charges",
     tag = "demo",
     operation_id = "createDemoCharge",
-    params(("Idempotency-Key" = String, Header, description = "Names this logical request: 1 to 255 visible ASCII characters (a quoted form, `\"abc\"`, names the same key as `abc`). The same key with the same body replays the first answer; with another body it is 422.", min_length = 1, max_length = 257, example = "order-1042-attempt")),
+    params(("Idempotency-Key" = String, Header, description = "Names this logical request: 1 to 255 visible ASCII characters (a quoted form, `\"abc\"`, names the same key as `abc`). The same key with the same body replays the first answer; with another body it is 422.", pattern = "^[!-~]{1,255}$", example = "order-1042-attempt")),
     request_body(content = ChargeRequest, content_type = "application/json"),
     responses(
         (status = 201, description = "Succeeded", body = Charge, headers(

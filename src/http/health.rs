@@ -25,8 +25,9 @@ pub async fn healthz() -> HttpResponse {
 /// a load balancer's probe is not held up by a partition.
 pub const READINESS_BOUND: Duration = Duration::from_secs(1);
 
-/// The database answers and carries every migration this binary knows
-/// (503 `service_unavailable` otherwise, within a second).
+/// The database answers and carries every migration this binary knows.
+///
+/// 503 `service_unavailable` otherwise, within a second.
 #[utoipa::path(
     get,
     path = "/readyz",

@@ -12,8 +12,10 @@ pub struct Exporter {
     pub pools: Pools,
 }
 
-/// The Prometheus text format (`metrics.enabled`, on the API's port unless
-/// `metrics.port` gives it one of its own).
+/// Metrics in the Prometheus text format.
+///
+/// Served with `metrics.enabled`, on the API's port unless `metrics.port`
+/// gives it one of its own.
 #[utoipa::path(
     get,
     path = "/metrics",

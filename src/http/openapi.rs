@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use actix_web::{web, HttpResponse};
 use utoipa::openapi::example::ExampleBuilder;
 use utoipa::openapi::header::Header;
+use utoipa::openapi::link::LinkBuilder;
 use utoipa::openapi::path::{Operation, ParameterBuilder, ParameterIn};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{
@@ -122,8 +123,35 @@ pub struct Rendered(pub String);
 
 impl Rendered {
     pub fn new(served: Served) -> Result<Self, serde_json::Error> {
-        document(served).to_json().map(Self)
+        serde_json::to_string(&rendered(served)?).map(Self)
     }
+}
+
+/// `document(served)` as JSON. utoipa 5.5 writes a link's target as
+/// `operation_id` (its `Link` lacks the camel-case renaming its other types
+/// have); OpenAPI's name for it, which tools look for, is `operationId`.
+pub fn rendered(served: Served) -> Result<serde_json::Value, serde_json::Error> {
+    let mut value = serde_json::to_value(document(served))?;
+    let links = value
+        .get_mut("paths")
+        .and_then(serde_json::Value::as_object_mut)
+        .into_iter()
+        .flat_map(|paths| paths.values_mut())
+        .filter_map(serde_json::Value::as_object_mut)
+        .flat_map(|item| item.values_mut())
+        .filter_map(|operation| operation.get_mut("responses"))
+        .filter_map(serde_json::Value::as_object_mut)
+        .flat_map(|responses| responses.values_mut())
+        .filter_map(|response| response.get_mut("links"))
+        .filter_map(serde_json::Value::as_object_mut)
+        .flat_map(|links| links.values_mut())
+        .filter_map(serde_json::Value::as_object_mut);
+    for link in links {
+        if let Some(target) = link.remove("operation_id") {
+            link.insert("operationId".to_owned(), target);
+        }
+    }
+    Ok(value)
 }
 
 /// The OpenAPI 3.1 document of this API (this document).
@@ -175,8 +203,22 @@ fn complete(operation: &mut Operation) {
             .responses
             .insert(key, RefOr::T(problem_response(&problems)));
     }
-    for response in operation.responses.responses.values_mut() {
+    let links = links_of(operation.operation_id.as_deref().unwrap_or_default());
+    for (status, response) in operation.responses.responses.iter_mut() {
         if let RefOr::T(response) = response {
+            for (on, name, target, id) in &links {
+                if on == status {
+                    response.links.insert(
+                        (*name).to_owned(),
+                        RefOr::T(
+                            LinkBuilder::new()
+                                .operation_id(*target)
+                                .parameter("id", *id)
+                                .build(),
+                        ),
+                    );
+                }
+            }
             response.headers.insert(
                 "X-Request-Id".to_owned(),
                 described(
@@ -185,6 +227,35 @@ fn complete(operation: &mut Operation) {
                 ),
             );
         }
+    }
+}
+
+/// What an answer of `operation_id` leads to: (status, link name, operation,
+/// where its `id` parameter comes from). Clients and stateful testing
+/// (schemathesis) follow these.
+fn links_of(operation_id: &str) -> Vec<(&'static str, &'static str, &'static str, &'static str)> {
+    const ID: &str = "$response.body#/id";
+    match operation_id {
+        "createCharge" => ["201", "202"]
+            .into_iter()
+            .flat_map(|status| {
+                [
+                    (status, "GetCharge", "getCharge", ID),
+                    (status, "CreateRefund", "createRefund", ID),
+                    (status, "ListRefundsOfCharge", "listRefundsOfCharge", ID),
+                ]
+            })
+            .chain([("402", "GetCharge", "getCharge", "$response.body#/charge_id")])
+            .collect(),
+        "createRefund" => vec![
+            ("201", "GetRefund", "getRefund", ID),
+            ("202", "GetRefund", "getRefund", ID),
+            ("402", "GetRefund", "getRefund", "$response.body#/refund_id"),
+        ],
+        "createWebhookEndpoint" => {
+            vec![("201", "DeleteWebhookEndpoint", "deleteWebhookEndpoint", ID)]
+        }
+        _ => Vec::new(),
     }
 }
 
@@ -412,7 +483,7 @@ fn problem_response(problems: &[(&'static str, ApiError)]) -> Response {
 #[allow(dead_code)]
 mod schemas {
     use utoipa::openapi::schema::Schema;
-    use utoipa::openapi::{ObjectBuilder, RefOr, Type};
+    use utoipa::openapi::{Object, ObjectBuilder, RefOr, Type};
     use utoipa::{IntoParams, ToSchema};
 
     /// The metadata of a charge or refund: up to 50 string values, keys of
@@ -443,6 +514,15 @@ mod schemas {
     }
 
     impl ToSchema for Metadata {}
+
+    /// The currency codes a request may name (`crate::domain::Currency`).
+    fn currency() -> Object {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(crate::domain::Currency::codes().iter().copied()))
+            .examples(["USD"])
+            .build()
+    }
 
     #[derive(ToSchema)]
     #[serde(rename_all = "snake_case")]
@@ -479,8 +559,9 @@ mod schemas {
         /// In minor units (cents for USD), 1 to 99999999999.
         #[schema(minimum = 1, maximum = 99_999_999_999_i64)]
         pub amount: i64,
-        /// An active ISO 4217 code, any case (`usd` is `USD`).
-        #[schema(pattern = "^[A-Za-z]{3}$", example = "USD")]
+        /// An active ISO 4217 code. Lower case is accepted too (`usd` is
+        /// `USD`), and answers show it in upper case.
+        #[schema(schema_with = currency)]
         pub currency: String,
         /// Up to 255 characters, no NUL.
         #[schema(max_length = 255)]

@@ -9,9 +9,10 @@ use crate::domain::{ChargeId, NewRefund, RefundId, RequestFingerprint};
 use crate::error::ApiError;
 use crate::service::refunds::{RefundReply, Refunds};
 
-/// Refunds a succeeded charge, all of what remains or `amount` of it, at
-/// most once per `Idempotency-Key`: 201 succeeded, 202 pending, 402
-/// declined; replays as for charges.
+/// Refund a succeeded charge, at most once per `Idempotency-Key`.
+///
+/// All of what remains refundable, or `amount` of it: 201 succeeded, 202
+/// pending, 402 declined; replays as for charges.
 #[utoipa::path(
     post,
     path = "/v1/charges/{id}/refunds",
@@ -19,7 +20,7 @@ use crate::service::refunds::{RefundReply, Refunds};
     operation_id = "createRefund",
     params(
         ("id" = String, Path, description = "The charge's id (`ch_...`)", example = "ch_0193a5c1e0b37f7aa1e0c2d4b5f6a7b8"),
-        ("Idempotency-Key" = String, Header, description = "Names this logical request: 1 to 255 visible ASCII characters (a quoted form, `\"abc\"`, names the same key as `abc`). The same key with the same body replays the first answer; with another body it is 422.", min_length = 1, max_length = 257, example = "order-1042-attempt"),
+        ("Idempotency-Key" = String, Header, description = "Names this logical request: 1 to 255 visible ASCII characters (a quoted form, `\"abc\"`, names the same key as `abc`). The same key with the same body replays the first answer; with another body it is 422.", pattern = "^[!-~]{1,255}$", example = "order-1042-attempt"),
     ),
     request_body(content = RefundRequest, content_type = "application/json"),
     responses(

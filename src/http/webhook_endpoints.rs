@@ -18,14 +18,16 @@ use crate::domain::{NewWebhookEndpoint, RequestFingerprint, WebhookEndpoint, Web
 use crate::error::ApiError;
 use crate::service::webhook_endpoints::WebhookEndpoints;
 
-/// Creates an endpoint, at most once per `Idempotency-Key`; the answer
-/// (and its replays) is the only one that shows the signing secret.
+/// Create a webhook endpoint, at most once per `Idempotency-Key`.
+///
+/// The answer (and its replays) is the only one that shows the signing
+/// secret.
 #[utoipa::path(
     post,
     path = "/v1/webhook_endpoints",
     tag = "webhook_endpoints",
     operation_id = "createWebhookEndpoint",
-    params(("Idempotency-Key" = String, Header, description = "Names this logical request: 1 to 255 visible ASCII characters (a quoted form, `\"abc\"`, names the same key as `abc`). The same key with the same body replays the first answer; with another body it is 422.", min_length = 1, max_length = 257, example = "order-1042-attempt")),
+    params(("Idempotency-Key" = String, Header, description = "Names this logical request: 1 to 255 visible ASCII characters (a quoted form, `\"abc\"`, names the same key as `abc`). The same key with the same body replays the first answer; with another body it is 422.", pattern = "^[!-~]{1,255}$", example = "order-1042-attempt")),
     request_body(content = WebhookEndpointRequest, content_type = "application/json"),
     responses(
         (status = 201, description = "Created", body = WebhookEndpointCreated, headers(
@@ -106,6 +108,9 @@ pub(super) async fn list(
 
 /// Deletes the endpoint and answers with it (no secret, `"deleted": true`).
 /// An endpoint already deleted is 404, like an unknown one.
+/// Delete a webhook endpoint.
+///
+/// No new deliveries go to it; deleting it again is 404.
 #[utoipa::path(
     delete,
     path = "/v1/webhook_endpoints/{id}",
