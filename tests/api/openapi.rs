@@ -119,12 +119,9 @@ async fn every_route_is_documented_and_every_documented_route_is_served() {
     let documented = operations(&document);
     assert_eq!(documented, table(ALL), "registered routes vs /openapi.json");
     assert_eq!(
-        chargeonce::http::openapi::document(ALL)
-            .to_json()
-            .ok()
-            .and_then(|json| serde_json::from_str::<Value>(&json).ok()),
+        chargeonce::http::openapi::rendered(ALL).ok(),
         Some(document.clone()),
-        "the served document is document(served)"
+        "the served document is rendered(served)"
     );
 
     // Every documented operation reaches a handler: never the default
@@ -284,12 +281,7 @@ fn nothing_registers_routes_but_the_documented_table() {
 
 #[test]
 fn every_problem_code_is_documented_with_an_example() {
-    let document: Value = serde_json::from_str(
-        &chargeonce::http::openapi::document(ALL)
-            .to_json()
-            .expect("renders"),
-    )
-    .expect("JSON");
+    let document = chargeonce::http::openapi::rendered(ALL).expect("renders");
     let mut documented = BTreeSet::new();
     for item in document["paths"].as_object().expect("paths").values() {
         for operation in item.as_object().expect("item").values() {
@@ -333,12 +325,7 @@ fn every_problem_code_is_documented_with_an_example() {
 
 #[test]
 fn operations_declare_their_auth_and_headers() {
-    let document: Value = serde_json::from_str(
-        &chargeonce::http::openapi::document(ALL)
-            .to_json()
-            .expect("renders"),
-    )
-    .expect("JSON");
+    let document = chargeonce::http::openapi::rendered(ALL).expect("renders");
     let public = [
         "/healthz",
         "/readyz",
@@ -348,6 +335,13 @@ fn operations_declare_their_auth_and_headers() {
         "/demo/chargeonce.js",
         "/demo/charges",
     ];
+    let operation_ids: BTreeSet<&str> = document["paths"]
+        .as_object()
+        .expect("paths")
+        .values()
+        .flat_map(|item| item.as_object().expect("item").values())
+        .filter_map(|operation| operation["operationId"].as_str())
+        .collect();
     for (path, item) in document["paths"].as_object().expect("paths") {
         for (method, operation) in item.as_object().expect("item") {
             let secured = operation["security"]
@@ -364,6 +358,18 @@ fn operations_declare_their_auth_and_headers() {
                         response["headers"]["Retry-After"].is_object(),
                         "{method} {path} {status}: Retry-After"
                     );
+                }
+            }
+            // Links name operations that exist (stateful testing and
+            // clients follow them).
+            for response in operation["responses"]
+                .as_object()
+                .expect("responses")
+                .values()
+            {
+                for link in response["links"].as_object().into_iter().flatten() {
+                    let target = link.1["operationId"].as_str().expect("operationId");
+                    assert!(operation_ids.contains(target), "{method} {path}: {target}");
                 }
             }
             let idempotent = method == "post";
