@@ -40,8 +40,10 @@ pub enum ApiError {
         "the refund is larger than what remains refundable of the charge ({refundable_amount})"
     )]
     RefundExceedsCharge { refundable_amount: i64 },
-    #[error("method not allowed")]
-    MethodNotAllowed,
+    /// `allow`: the path's methods, for the `Allow` header (RFC 9110 says a
+    /// 405 must carry it).
+    #[error("this path does not take this method; it takes {allow}")]
+    MethodNotAllowed { allow: String },
     #[error("the request body is larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
     #[error("the request body must be sent as application/json")]
@@ -120,7 +122,7 @@ impl ApiError {
                 "Refund exceeds charge",
                 None,
             ),
-            Self::MethodNotAllowed => (
+            Self::MethodNotAllowed { .. } => (
                 S::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
                 "Method not allowed",
@@ -209,6 +211,9 @@ impl ApiError {
         }
         if matches!(self, Self::Unauthenticated) {
             headers.push(("www-authenticate", "Bearer".to_owned()));
+        }
+        if let Self::MethodNotAllowed { allow } = self {
+            headers.push(("allow", allow.clone()));
         }
         (description.status, headers, self.problem_body())
     }

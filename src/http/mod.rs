@@ -43,10 +43,6 @@ async fn not_found() -> Result<HttpResponse, ApiError> {
     Err(ApiError::NotFound)
 }
 
-async fn method_not_allowed() -> Result<HttpResponse, ApiError> {
-    Err(ApiError::MethodNotAllowed)
-}
-
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// A request id a client may choose: what support can search a log for,

@@ -7,12 +7,12 @@
 //! documented operation on a running service.
 
 use actix_web::http::Method;
-use actix_web::{web, FromRequest, Handler, Responder, Route};
+use actix_web::{web, FromRequest, Handler, HttpResponse, Responder, Route};
 use utoipa::openapi::path::{HttpMethod, Paths};
 
-use super::{
-    charges, demo, events, health, method_not_allowed, metrics, openapi, refunds, webhook_endpoints,
-};
+use crate::error::ApiError;
+
+use super::{charges, demo, events, health, metrics, openapi, refunds, webhook_endpoints};
 
 /// The optional parts of the API, as the settings turn them on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,9 +83,19 @@ impl Routes {
         self.paths
     }
 
-    /// Registers every resource; any other method on its path is 405.
+    /// Registers every resource; any other method on its path is 405, with
+    /// `Allow` naming the path's methods.
     pub fn register(self, cfg: &mut web::ServiceConfig) {
         for (path, routes) in self.resources {
+            let allow = routes
+                .iter()
+                .map(|(method, _)| method.as_str())
+                .collect::<Vec<_>>()
+                .join(", ");
+            let method_not_allowed = move || {
+                let allow = allow.clone();
+                async move { Err::<HttpResponse, _>(ApiError::MethodNotAllowed { allow }) }
+            };
             let resource = routes
                 .into_iter()
                 .fold(web::resource(path), |resource, (_, route)| {

@@ -189,7 +189,45 @@ async fn every_route_is_documented_and_every_documented_route_is_served() {
                 reply.body
             );
             reply.assert_problem(405, "method_not_allowed");
+            // RFC 9110: a 405 names the methods the path takes.
+            let allowed: BTreeSet<String> = documented
+                .iter()
+                .filter(|(_, path)| path == template)
+                .map(|(method, _)| method.clone())
+                .collect();
+            assert_eq!(allow_header(&reply), allowed, "{method} {template}: Allow");
         }
+    }
+}
+
+fn allow_header(reply: &Reply) -> BTreeSet<String> {
+    reply
+        .header("allow")
+        .unwrap_or_default()
+        .split(',')
+        .map(|method| method.trim().to_owned())
+        .filter(|method| !method.is_empty())
+        .collect()
+}
+
+/// Found by contract fuzzing (schemathesis' unsupported_method check): a
+/// 405 came without the `Allow` header RFC 9110 requires of it.
+#[tokio::test]
+async fn a_405_names_the_methods_of_the_path_in_allow() {
+    let app = crate::helpers::spawn_app().await;
+    for (method, path, allowed) in [
+        (Method::PUT, "/v1/charges", vec!["GET", "POST"]),
+        (Method::TRACE, "/healthz", vec!["GET"]),
+        (
+            Method::PATCH,
+            "/v1/webhook_endpoints/we_00000000000000000000000000000000",
+            vec!["DELETE"],
+        ),
+    ] {
+        let reply = send(&app, method.clone(), path, true).await;
+        reply.assert_problem(405, "method_not_allowed");
+        let expected: BTreeSet<String> = allowed.iter().map(|m| (*m).to_owned()).collect();
+        assert_eq!(allow_header(&reply), expected, "{method} {path}");
     }
 }
 
