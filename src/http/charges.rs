@@ -2,7 +2,7 @@
 
 use actix_web::{web, HttpRequest, HttpResponse};
 
-use super::openapi::{ChargeDeclined, ChargeList, ChargeRequest, PageQuery};
+use super::openapi::{ChargeDeclined, ChargeList, ChargePage, ChargeRequest};
 use super::{body, render, AuthenticatedMerchant, HttpLimits};
 use crate::domain::{ChargeId, MerchantId, NewCharge, RequestFingerprint};
 use crate::error::ApiError;
@@ -115,7 +115,7 @@ pub async fn get(
     path = "/v1/charges",
     tag = "charges",
     operation_id = "listCharges",
-    params(PageQuery),
+    params(ChargePage),
     responses((status = 200, description = "A page of charges", body = ChargeList)),
     security(("bearerAuth" = [])),
 )]

@@ -182,15 +182,10 @@ fn complete(operation: &mut Operation) {
             .required(Required::False)
             .description(Some(
                 "Your id for this request, echoed in the answer's X-Request-Id and written \
-                 in every log line about it: 1 to 128 letters, digits, `.`, `_`, `-`, `:`. \
-                 Anything else is ignored and a new id is made.",
+                 in every log line about it if it is 1 to 128 letters, digits, `.`, `_`, \
+                 `-`, `:`. Any other value is ignored (not refused) and a new id is made.",
             ))
-            .schema(Some(
-                ObjectBuilder::new()
-                    .schema_type(Type::String)
-                    .pattern(Some("^[A-Za-z0-9._:-]{1,128}$"))
-                    .build(),
-            ))
+            .schema(Some(string()))
             .build(),
     );
     for (status, problems) in problems_of(operation) {
@@ -861,7 +856,11 @@ mod schemas {
         /// An absolute http:// or https:// URL naming a host, at most 2048
         /// characters once normalised. Private addresses may be refused
         /// (webhooks.allow_private_targets).
-        #[schema(max_length = 2048)]
+        #[schema(
+            max_length = 2048,
+            pattern = "^[Hh][Tt][Tt][Pp][Ss]?://[A-Za-z0-9.-]+(:[1-9][0-9]{0,3})?(/[!-~]*)?$",
+            example = "https://example.com/webhooks"
+        )]
         pub url: String,
         /// The event types to send; left out or null: every type.
         #[schema(nullable, min_items = 1)]
@@ -950,15 +949,41 @@ mod schemas {
         pub paths: serde_json::Value,
     }
 
-    /// The query of a list: a page of `limit` items, newest first, after the
-    /// item `starting_after` if given. Any other parameter is refused (400).
+    /// The query of a list of charges: a page of `limit`, newest first,
+    /// after the charge `starting_after` if given. Any other parameter, or
+    /// one given twice, is refused (400).
     #[derive(IntoParams)]
     #[into_params(parameter_in = Query)]
-    pub struct PageQuery {
+    pub struct ChargePage {
         /// 1 to 100, default 10.
         #[param(minimum = 1, maximum = 100)]
         pub limit: Option<i64>,
-        /// The id of the last item of the previous page.
+        /// The id of the last charge of the previous page.
+        #[param(pattern = "^ch_[0-9a-f]{32}$")]
+        pub starting_after: Option<String>,
+    }
+
+    /// The query of a list of refunds (as for charges).
+    #[derive(IntoParams)]
+    #[into_params(parameter_in = Query)]
+    pub struct RefundPage {
+        /// 1 to 100, default 10.
+        #[param(minimum = 1, maximum = 100)]
+        pub limit: Option<i64>,
+        /// The id of the last refund of the previous page.
+        #[param(pattern = "^re_[0-9a-f]{32}$")]
+        pub starting_after: Option<String>,
+    }
+
+    /// The query of a list of webhook endpoints (as for charges).
+    #[derive(IntoParams)]
+    #[into_params(parameter_in = Query)]
+    pub struct WebhookEndpointPage {
+        /// 1 to 100, default 10.
+        #[param(minimum = 1, maximum = 100)]
+        pub limit: Option<i64>,
+        /// The id of the last endpoint of the previous page.
+        #[param(pattern = "^we_[0-9a-f]{32}$")]
         pub starting_after: Option<String>,
     }
 
@@ -969,7 +994,8 @@ mod schemas {
         /// 1 to 100, default 10.
         #[param(minimum = 1, maximum = 100)]
         pub limit: Option<i64>,
-        /// The id of the last event of the previous page (`evt_...`).
+        /// The id of the last event of the previous page.
+        #[param(pattern = "^evt_[0-9a-f]{32}$")]
         pub starting_after: Option<String>,
         /// Only events of this type.
         #[param(rename = "type", inline)]

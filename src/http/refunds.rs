@@ -3,7 +3,7 @@
 
 use actix_web::{web, HttpRequest, HttpResponse};
 
-use super::openapi::{PageQuery, RefundDeclined, RefundList, RefundRequest};
+use super::openapi::{RefundDeclined, RefundList, RefundPage, RefundRequest};
 use super::{body, render, AuthenticatedMerchant, HttpLimits};
 use crate::domain::{ChargeId, NewRefund, RefundId, RequestFingerprint};
 use crate::error::ApiError;
@@ -105,7 +105,7 @@ pub async fn get(
     path = "/v1/refunds",
     tag = "refunds",
     operation_id = "listRefunds",
-    params(PageQuery),
+    params(RefundPage),
     responses((status = 200, description = "A page of refunds", body = RefundList)),
     security(("bearerAuth" = [])),
 )]
@@ -130,7 +130,7 @@ pub async fn list(
     operation_id = "listRefundsOfCharge",
     params(
         ("id" = String, Path, description = "The charge's id (`ch_...`)", example = "ch_0193a5c1e0b37f7aa1e0c2d4b5f6a7b8"),
-        PageQuery,
+        RefundPage,
     ),
     responses((status = 200, description = "A page of the charge's refunds", body = RefundList)),
     security(("bearerAuth" = [])),

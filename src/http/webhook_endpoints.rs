@@ -8,7 +8,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 
 use super::openapi::{
-    DeletedWebhookEndpoint, PageQuery, WebhookEndpointCreated, WebhookEndpointList,
+    DeletedWebhookEndpoint, WebhookEndpointCreated, WebhookEndpointList, WebhookEndpointPage,
     WebhookEndpointRequest,
 };
 use super::query::Params;
@@ -75,7 +75,7 @@ struct Page<'a> {
     path = "/v1/webhook_endpoints",
     tag = "webhook_endpoints",
     operation_id = "listWebhookEndpoints",
-    params(PageQuery),
+    params(WebhookEndpointPage),
     responses((status = 200, description = "A page of endpoints", body = WebhookEndpointList)),
     security(("bearerAuth" = [])),
 )]
