@@ -950,8 +950,8 @@ mod schemas {
     }
 
     /// The query of a list of charges: a page of `limit`, newest first,
-    /// after the charge `starting_after` if given. Any other parameter, or
-    /// one given twice, is refused (400).
+    /// after the charge `starting_after` if given. Any other parameter is
+    /// refused (400).
     #[derive(IntoParams)]
     #[into_params(parameter_in = Query)]
     pub struct ChargePage {
@@ -975,7 +975,8 @@ mod schemas {
         pub starting_after: Option<String>,
     }
 
-    /// The query of a list of webhook endpoints (as for charges).
+    /// The query of a list of webhook endpoints (as for charges; a parameter
+    /// given twice is refused too).
     #[derive(IntoParams)]
     #[into_params(parameter_in = Query)]
     pub struct WebhookEndpointPage {
