@@ -551,7 +551,8 @@ mod schemas {
     #[serde(deny_unknown_fields)]
     #[schema(example = json!({"amount": 1999, "currency": "USD", "customer": "cus_42", "description": "Order 1042", "metadata": {"order": "1042"}}))]
     pub struct ChargeRequest {
-        /// In minor units (cents for USD), 1 to 99999999999.
+        /// In minor units (cents for USD), 1 to 99999999999, written as a
+        /// JSON integer: `1999`, not `1999.0` or `1.999e3` (400).
         #[schema(minimum = 1, maximum = 99_999_999_999_i64)]
         pub amount: i64,
         /// An active ISO 4217 code. Lower case is accepted too (`usd` is
@@ -623,6 +624,8 @@ mod schemas {
     #[serde(deny_unknown_fields)]
     #[schema(example = json!({"amount": 500, "reason": "requested_by_customer"}))]
     pub struct RefundRequest {
+        /// In minor units, 1 to 99999999999, written as a JSON integer (not
+        /// `500.0`); left out or null: all that remains refundable.
         #[schema(minimum = 1, maximum = 99_999_999_999_i64, nullable)]
         pub amount: Option<i64>,
         #[schema(nullable)]
