@@ -40,8 +40,10 @@ pub enum ApiError {
         "the refund is larger than what remains refundable of the charge ({refundable_amount})"
     )]
     RefundExceedsCharge { refundable_amount: i64 },
-    #[error("method not allowed")]
-    MethodNotAllowed,
+    /// `allow`: the path's methods, for the `Allow` header (RFC 9110 says a
+    /// 405 must carry it).
+    #[error("this path does not take this method; it takes {allow}")]
+    MethodNotAllowed { allow: String },
     #[error("the request body is larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
     #[error("the request body must be sent as application/json")]
@@ -120,7 +122,7 @@ impl ApiError {
                 "Refund exceeds charge",
                 None,
             ),
-            Self::MethodNotAllowed => (
+            Self::MethodNotAllowed { .. } => (
                 S::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
                 "Method not allowed",
@@ -185,6 +187,11 @@ impl ApiError {
         self.describe().status
     }
 
+    /// The seconds of its `Retry-After` header, on answers worth retrying.
+    pub fn retry_after(&self) -> Option<u64> {
+        self.describe().retry_after
+    }
+
     /// The answer: status, headers beyond `Content-Type`, and the problem
     /// document. 5xx causes go to the log here, never into the body.
     pub fn parts(&self) -> (StatusCode, Vec<(&'static str, String)>, String) {
@@ -205,6 +212,16 @@ impl ApiError {
         if matches!(self, Self::Unauthenticated) {
             headers.push(("www-authenticate", "Bearer".to_owned()));
         }
+        if let Self::MethodNotAllowed { allow } = self {
+            headers.push(("allow", allow.clone()));
+        }
+        (description.status, headers, self.problem_body())
+    }
+
+    /// The problem document of the answer, with nothing logged (the
+    /// OpenAPI document's examples are these).
+    pub fn problem_body(&self) -> String {
+        let description = self.describe();
         let extra = Extra {
             errors: match self {
                 Self::InvalidRequest { errors, .. } => errors,
@@ -224,7 +241,7 @@ impl ApiError {
         );
         // Field names and messages are plain strings: rendering cannot fail.
         // If it ever did, a problem without the field list is still honest.
-        let body = problem.to_body().unwrap_or_else(|error| {
+        problem.to_body().unwrap_or_else(|error| {
             tracing::error!(%error, "cannot render a problem document");
             Problem::new(
                 description.status,
@@ -238,8 +255,7 @@ impl ApiError {
             )
             .to_body()
             .unwrap_or_default()
-        });
-        (description.status, headers, body)
+        })
     }
 }
 

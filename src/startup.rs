@@ -34,6 +34,8 @@ pub enum StartupError {
     Processor(#[from] reqwest::Error),
     #[error("webhook client: {0}")]
     WebhookClient(#[source] reqwest::Error),
+    #[error("cannot render the OpenAPI document: {0}")]
+    OpenApi(#[source] serde_json::Error),
     #[error("cannot listen on {address}: {source}")]
     Bind {
         address: String,
@@ -111,7 +113,7 @@ fn serve_metrics(
     http::server::serve(listener, &limits, move || {
         App::new()
             .app_data(exporter.clone())
-            .configure(http::metrics::configure)
+            .configure(|cfg| http::routes::metrics_port().register(cfg))
     })
     .map_err(bind_error)
 }
@@ -208,6 +210,12 @@ impl Application {
         let api_exporter = exporter.clone().filter(|_| settings.metrics.port == 0);
         let exporter_for_port = exporter.clone();
         let next_worker = Arc::new(AtomicUsize::new(0));
+        let served = http::routes::Served {
+            demo,
+            metrics: api_exporter.is_some(),
+        };
+        let document =
+            web::Data::new(http::openapi::Rendered::new(served).map_err(StartupError::OpenApi)?);
 
         let workers = match settings.server.workers {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -251,17 +259,14 @@ impl Application {
                 .app_data(web::Data::new(db))
                 .app_data(api_keys.clone())
                 .app_data(limits.clone())
+                .app_data(document.clone())
                 .wrap_fn(http::observe)
                 .configure(|cfg| {
-                    if demo {
-                        http::demo::configure(cfg);
-                    }
                     if let Some(exporter) = api_exporter {
                         cfg.app_data(exporter);
-                        http::metrics::configure(cfg);
                     }
+                    http::configure(cfg, served);
                 })
-                .configure(http::configure)
         })
         .map_err(bind_error)?;
         let metrics_server = match (&exporter_for_port, settings.metrics.port) {

@@ -56,6 +56,11 @@ impl Currency {
         CODES.contains(&text).then_some(Self(upper))
     }
 
+    /// Every code accepted, in upper case (the OpenAPI document lists them).
+    pub fn codes() -> &'static [&'static str] {
+        CODES
+    }
+
     pub fn as_str(&self) -> &str {
         // Only ever built from one of the ASCII codes above.
         std::str::from_utf8(&self.0).unwrap_or("XXX")

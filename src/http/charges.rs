@@ -2,11 +2,41 @@
 
 use actix_web::{web, HttpRequest, HttpResponse};
 
+use super::openapi::{ChargeDeclined, ChargeList, ChargePage, ChargeRequest};
 use super::{body, render, AuthenticatedMerchant, HttpLimits};
 use crate::domain::{ChargeId, MerchantId, NewCharge, RequestFingerprint};
 use crate::error::ApiError;
 use crate::service::charges::{ChargeReply, Charges};
 
+/// Create a charge, at most once per `Idempotency-Key`.
+///
+/// The answer's status is the charge's: 201 succeeded, 202 pending (the processor's answer is
+/// not final yet; the charge is settled in the background, read it or wait
+/// for its event), 402 declined. Every replay is the first answer, byte for
+/// byte, with `Idempotent-Replayed: true`.
+#[utoipa::path(
+    post,
+    path = "/v1/charges",
+    tag = "charges",
+    operation_id = "createCharge",
+    params(("Idempotency-Key" = String, Header, description = "Names this logical request: 1 to 255 visible ASCII characters (a quoted form, `\"abc\"`, names the same key as `abc`). The same key with the same body replays the first answer; with another body it is 422.", pattern = "^[!-~]{1,255}$", example = "order-1042-attempt")),
+    request_body(content = ChargeRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Succeeded", body = crate::http::openapi::Charge, headers(
+                ("Location" = String, description = "The created resource"),
+                ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
+            )),
+        (status = 202, description = "Pending: the processor has not answered finally yet", body = crate::http::openapi::Charge, headers(
+                ("Location" = String, description = "The created resource"),
+                ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
+            )),
+        (status = 402, description = "Declined: the charge exists and failed", body = ChargeDeclined, content_type = "application/problem+json", headers(
+                ("Location" = String, description = "The created resource"),
+                ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
+            )),
+    ),
+    security(("bearerAuth" = [])),
+)]
 pub async fn create(
     charges: web::Data<Charges>,
     limits: web::Data<HttpLimits>,
@@ -59,6 +89,16 @@ fn charge_response(reply: &ChargeReply) -> Result<HttpResponse, ApiError> {
     )
 }
 
+/// A charge as it is now (refunds included).
+#[utoipa::path(
+    get,
+    path = "/v1/charges/{id}",
+    tag = "charges",
+    operation_id = "getCharge",
+    params(("id" = String, Path, description = "The charge's id (`ch_...`); a malformed id is 404 like an unknown one", example = "ch_0193a5c1e0b37f7aa1e0c2d4b5f6a7b8")),
+    responses((status = 200, description = "The charge", body = crate::http::openapi::Charge)),
+    security(("bearerAuth" = [])),
+)]
 pub async fn get(
     charges: web::Data<Charges>,
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,
@@ -69,6 +109,16 @@ pub async fn get(
     render::json(&charges.get(merchant, id).await?)
 }
 
+/// The merchant's charges, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/charges",
+    tag = "charges",
+    operation_id = "listCharges",
+    params(ChargePage),
+    responses((status = 200, description = "A page of charges", body = ChargeList)),
+    security(("bearerAuth" = [])),
+)]
 pub async fn list(
     charges: web::Data<Charges>,
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,

@@ -17,7 +17,8 @@ use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
 use uuid::Uuid;
 
-use super::{charges, method_not_allowed, HttpLimits};
+use super::openapi::{Charge, ChargeDeclined, ChargeRequest};
+use super::{charges, HttpLimits};
 use crate::db::{self, Database, DbError};
 use crate::domain::MerchantId;
 use crate::error::ApiError;
@@ -53,30 +54,27 @@ pub async fn ensure_demo_merchant(database: &Database) -> Result<(), DbError> {
     })
 }
 
-/// The demo's routes; registered only when `demo.enabled` is true.
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        web::resource("/demo")
-            .route(web::get().to(page))
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/demo/chargeonce.js")
-            .route(web::get().to(module))
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/demo/charges")
-            .route(web::post().to(create_charge))
-            .default_service(web::to(method_not_allowed)),
-    );
-}
-
-async fn page() -> HttpResponse {
+/// The demo checkout page.
+#[utoipa::path(
+    get,
+    path = "/demo",
+    tag = "demo",
+    operation_id = "demoPage",
+    responses((status = 200, description = "The page", body = String, content_type = "text/html")),
+)]
+pub(super) async fn page() -> HttpResponse {
     embedded_file("text/html; charset=utf-8", PAGE)
 }
 
-async fn module() -> HttpResponse {
+/// The browser module the page uses.
+#[utoipa::path(
+    get,
+    path = "/demo/chargeonce.js",
+    tag = "demo",
+    operation_id = "demoModule",
+    responses((status = 200, description = "The module", body = String, content_type = "text/javascript")),
+)]
+pub(super) async fn module() -> HttpResponse {
     embedded_file("text/javascript; charset=utf-8", MODULE)
 }
 
@@ -91,7 +89,32 @@ fn embedded_file(content_type: &'static str, body: &'static str) -> HttpResponse
 
 /// The merchant backend's forwarding route, with the demo merchant standing
 /// in for "the merchant whose secret key the backend holds".
-async fn create_charge(
+/// Create a charge for the demo merchant (no API key).
+///
+/// The charge flow of `POST /v1/charges`, for the server-held demo merchant.
+#[utoipa::path(
+    post,
+    path = "/demo/charges",
+    tag = "demo",
+    operation_id = "createDemoCharge",
+    params(("Idempotency-Key" = String, Header, description = "Names this logical request: 1 to 255 visible ASCII characters (a quoted form, `\"abc\"`, names the same key as `abc`). The same key with the same body replays the first answer; with another body it is 422.", pattern = "^[!-~]{1,255}$", example = "order-1042-attempt")),
+    request_body(content = ChargeRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Succeeded", body = Charge, headers(
+                ("Location" = String, description = "The created resource"),
+                ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
+            )),
+        (status = 202, description = "Pending", body = Charge, headers(
+                ("Location" = String, description = "The created resource"),
+                ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
+            )),
+        (status = 402, description = "Declined", body = ChargeDeclined, content_type = "application/problem+json", headers(
+                ("Location" = String, description = "The created resource"),
+                ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
+            )),
+    ),
+)]
+pub(super) async fn create_charge(
     charges: web::Data<Charges>,
     limits: web::Data<HttpLimits>,
     request: HttpRequest,

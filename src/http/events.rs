@@ -5,29 +5,12 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 
+use super::openapi::{DeliveryList, EventList, EventQuery};
 use super::query::Params;
-use super::{method_not_allowed, AuthenticatedMerchant};
+use super::AuthenticatedMerchant;
 use crate::domain::{Delivery, Event, EventId, EventType};
 use crate::error::ApiError;
 use crate::service::events::Events;
-
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        web::resource("/v1/events")
-            .route(web::get().to(list))
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/v1/events/{id}")
-            .route(web::get().to(get))
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/v1/events/{id}/deliveries")
-            .route(web::get().to(deliveries))
-            .default_service(web::to(method_not_allowed)),
-    );
-}
 
 #[derive(Serialize)]
 struct Page<'a, T> {
@@ -37,7 +20,17 @@ struct Page<'a, T> {
     data: &'a [T],
 }
 
-async fn list(
+/// The merchant's events, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/events",
+    tag = "events",
+    operation_id = "listEvents",
+    params(EventQuery),
+    responses((status = 200, description = "A page of events", body = EventList)),
+    security(("bearerAuth" = [])),
+)]
+pub(super) async fn list(
     events: web::Data<Events>,
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,
     request: HttpRequest,
@@ -64,7 +57,17 @@ async fn list(
     })
 }
 
-async fn get(
+/// An event: byte for byte the body its webhooks carry.
+#[utoipa::path(
+    get,
+    path = "/v1/events/{id}",
+    tag = "events",
+    operation_id = "getEvent",
+    params(("id" = String, Path, description = "The event's id (`evt_...`)", example = "evt_0193a5c1e0b37f7aa1e0c2d4b5f6a7c0")),
+    responses((status = 200, description = "The event", body = crate::http::openapi::Event)),
+    security(("bearerAuth" = [])),
+)]
+pub(super) async fn get(
     events: web::Data<Events>,
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,
     id: web::Path<String>,
@@ -78,7 +81,17 @@ async fn get(
         .body(body))
 }
 
-async fn deliveries(
+/// The event's webhook deliveries, one per endpoint, with their attempts.
+#[utoipa::path(
+    get,
+    path = "/v1/events/{id}/deliveries",
+    tag = "events",
+    operation_id = "listEventDeliveries",
+    params(("id" = String, Path, description = "The event's id (`evt_...`)", example = "evt_0193a5c1e0b37f7aa1e0c2d4b5f6a7c0")),
+    responses((status = 200, description = "Every delivery of the event", body = DeliveryList)),
+    security(("bearerAuth" = [])),
+)]
+pub(super) async fn deliveries(
     events: web::Data<Events>,
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,
     id: web::Path<String>,

@@ -12,14 +12,20 @@ pub struct Exporter {
     pub pools: Pools,
 }
 
+/// Metrics in the Prometheus text format.
+///
+/// Served with `metrics.enabled`, on the API's port unless `metrics.port`
+/// gives it one of its own.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    operation_id = "metrics",
+    responses((status = 200, description = "Prometheus text exposition format 0.0.4", body = String, content_type = "text/plain")),
+)]
 pub async fn scrape(exporter: web::Data<Exporter>) -> HttpResponse {
     exporter.pools.observe();
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(exporter.handle.render())
-}
-
-/// The route, for an `App` (the API's, or the metrics port's own).
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/metrics", web::get().to(scrape));
 }

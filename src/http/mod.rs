@@ -9,9 +9,11 @@ pub mod demo;
 mod events;
 mod health;
 pub mod metrics;
+pub mod openapi;
 mod query;
 mod refunds;
 mod render;
+pub mod routes;
 pub mod server;
 mod webhook_endpoints;
 
@@ -30,47 +32,15 @@ pub struct HttpLimits {
 
 use crate::error::ApiError;
 
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        web::resource("/v1/charges")
-            .route(web::post().to(charges::create))
-            .route(web::get().to(charges::list))
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/v1/charges/{id}")
-            .route(web::get().to(charges::get))
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/v1/charges/{id}/refunds")
-            .route(web::post().to(refunds::create))
-            .route(web::get().to(refunds::list_of_charge))
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/v1/refunds")
-            .route(web::get().to(refunds::list))
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/v1/refunds/{id}")
-            .route(web::get().to(refunds::get))
-            .default_service(web::to(method_not_allowed)),
-    )
-    .configure(events::routes)
-    .configure(webhook_endpoints::routes)
-    .route("/healthz", web::get().to(health::healthz))
-    .route("/readyz", web::get().to(health::readyz))
-    .default_service(web::to(not_found));
+/// The API's routes (`routes::api`, each documented in `/openapi.json`);
+/// any other path is 404.
+pub fn configure(cfg: &mut web::ServiceConfig, served: routes::Served) {
+    routes::api(served).register(cfg);
+    cfg.default_service(web::to(not_found));
 }
 
 async fn not_found() -> Result<HttpResponse, ApiError> {
     Err(ApiError::NotFound)
-}
-
-async fn method_not_allowed() -> Result<HttpResponse, ApiError> {
-    Err(ApiError::MethodNotAllowed)
 }
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");

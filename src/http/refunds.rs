@@ -3,11 +3,42 @@
 
 use actix_web::{web, HttpRequest, HttpResponse};
 
+use super::openapi::{RefundDeclined, RefundList, RefundPage, RefundRequest};
 use super::{body, render, AuthenticatedMerchant, HttpLimits};
 use crate::domain::{ChargeId, NewRefund, RefundId, RequestFingerprint};
 use crate::error::ApiError;
 use crate::service::refunds::{RefundReply, Refunds};
 
+/// Refund a succeeded charge, at most once per `Idempotency-Key`.
+///
+/// All of what remains refundable, or `amount` of it: 201 succeeded, 202
+/// pending, 402 declined; replays as for charges.
+#[utoipa::path(
+    post,
+    path = "/v1/charges/{id}/refunds",
+    tag = "refunds",
+    operation_id = "createRefund",
+    params(
+        ("id" = String, Path, description = "The charge's id (`ch_...`)", example = "ch_0193a5c1e0b37f7aa1e0c2d4b5f6a7b8"),
+        ("Idempotency-Key" = String, Header, description = "Names this logical request: 1 to 255 visible ASCII characters (a quoted form, `\"abc\"`, names the same key as `abc`). The same key with the same body replays the first answer; with another body it is 422.", pattern = "^[!-~]{1,255}$", example = "order-1042-attempt"),
+    ),
+    request_body(content = RefundRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Succeeded", body = crate::http::openapi::Refund, headers(
+                ("Location" = String, description = "The created resource"),
+                ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
+            )),
+        (status = 202, description = "Pending", body = crate::http::openapi::Refund, headers(
+                ("Location" = String, description = "The created resource"),
+                ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
+            )),
+        (status = 402, description = "Declined: the refund exists and failed", body = RefundDeclined, content_type = "application/problem+json", headers(
+                ("Location" = String, description = "The created resource"),
+                ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
+            )),
+    ),
+    security(("bearerAuth" = [])),
+)]
 pub async fn create(
     refunds: web::Data<Refunds>,
     limits: web::Data<HttpLimits>,
@@ -49,6 +80,16 @@ fn refund_response(reply: &RefundReply) -> Result<HttpResponse, ApiError> {
     )
 }
 
+/// A refund.
+#[utoipa::path(
+    get,
+    path = "/v1/refunds/{id}",
+    tag = "refunds",
+    operation_id = "getRefund",
+    params(("id" = String, Path, description = "The refund's id (`re_...`)", example = "re_0193a5c1e0b37f7aa1e0c2d4b5f6a7b9")),
+    responses((status = 200, description = "The refund", body = crate::http::openapi::Refund)),
+    security(("bearerAuth" = [])),
+)]
 pub async fn get(
     refunds: web::Data<Refunds>,
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,
@@ -58,7 +99,16 @@ pub async fn get(
     render::json(&refunds.get(merchant, id).await?)
 }
 
-/// `GET /v1/refunds`.
+/// `GET /v1/refunds`: the merchant's refunds, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/refunds",
+    tag = "refunds",
+    operation_id = "listRefunds",
+    params(RefundPage),
+    responses((status = 200, description = "A page of refunds", body = RefundList)),
+    security(("bearerAuth" = [])),
+)]
 pub async fn list(
     refunds: web::Data<Refunds>,
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,
@@ -72,7 +122,19 @@ pub async fn list(
     render::page("/v1/refunds".to_owned(), found, limit)
 }
 
-/// `GET /v1/charges/{id}/refunds`.
+/// `GET /v1/charges/{id}/refunds`: the charge's refunds, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/charges/{id}/refunds",
+    tag = "refunds",
+    operation_id = "listRefundsOfCharge",
+    params(
+        ("id" = String, Path, description = "The charge's id (`ch_...`)", example = "ch_0193a5c1e0b37f7aa1e0c2d4b5f6a7b8"),
+        RefundPage,
+    ),
+    responses((status = 200, description = "A page of the charge's refunds", body = RefundList)),
+    security(("bearerAuth" = [])),
+)]
 pub async fn list_of_charge(
     refunds: web::Data<Refunds>,
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,

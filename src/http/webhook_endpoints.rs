@@ -7,28 +7,36 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 
+use super::openapi::{
+    DeletedWebhookEndpoint, WebhookEndpointCreated, WebhookEndpointList, WebhookEndpointPage,
+    WebhookEndpointRequest,
+};
 use super::query::Params;
 use super::render::REPLAYED;
-use super::{body, method_not_allowed, AuthenticatedMerchant, HttpLimits};
+use super::{body, AuthenticatedMerchant, HttpLimits};
 use crate::domain::{NewWebhookEndpoint, RequestFingerprint, WebhookEndpoint, WebhookEndpointId};
 use crate::error::ApiError;
 use crate::service::webhook_endpoints::WebhookEndpoints;
 
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        web::resource("/v1/webhook_endpoints")
-            .route(web::post().to(create))
-            .route(web::get().to(list))
-            .default_service(web::to(method_not_allowed)),
-    )
-    .service(
-        web::resource("/v1/webhook_endpoints/{id}")
-            .route(web::delete().to(delete))
-            .default_service(web::to(method_not_allowed)),
-    );
-}
-
-async fn create(
+/// Create a webhook endpoint, at most once per `Idempotency-Key`.
+///
+/// The answer (and its replays) is the only one that shows the signing
+/// secret.
+#[utoipa::path(
+    post,
+    path = "/v1/webhook_endpoints",
+    tag = "webhook_endpoints",
+    operation_id = "createWebhookEndpoint",
+    params(("Idempotency-Key" = String, Header, description = "Names this logical request: 1 to 255 visible ASCII characters (a quoted form, `\"abc\"`, names the same key as `abc`). The same key with the same body replays the first answer; with another body it is 422.", pattern = "^[!-~]{1,255}$", example = "order-1042-attempt")),
+    request_body(content = WebhookEndpointRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Created", body = WebhookEndpointCreated, headers(
+            ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
+        )),
+    ),
+    security(("bearerAuth" = [])),
+)]
+pub(super) async fn create(
     endpoints: web::Data<WebhookEndpoints>,
     limits: web::Data<HttpLimits>,
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,
@@ -61,7 +69,17 @@ struct Page<'a> {
     data: &'a [WebhookEndpoint],
 }
 
-async fn list(
+/// The merchant's endpoints that are not deleted, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/webhook_endpoints",
+    tag = "webhook_endpoints",
+    operation_id = "listWebhookEndpoints",
+    params(WebhookEndpointPage),
+    responses((status = 200, description = "A page of endpoints", body = WebhookEndpointList)),
+    security(("bearerAuth" = [])),
+)]
+pub(super) async fn list(
     endpoints: web::Data<WebhookEndpoints>,
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,
     request: HttpRequest,
@@ -90,7 +108,19 @@ async fn list(
 
 /// Deletes the endpoint and answers with it (no secret, `"deleted": true`).
 /// An endpoint already deleted is 404, like an unknown one.
-async fn delete(
+/// Delete a webhook endpoint.
+///
+/// No new deliveries go to it; deleting it again is 404.
+#[utoipa::path(
+    delete,
+    path = "/v1/webhook_endpoints/{id}",
+    tag = "webhook_endpoints",
+    operation_id = "deleteWebhookEndpoint",
+    params(("id" = String, Path, description = "The endpoint's id (`we_...`)", example = "we_0193a5c1e0b37f7aa1e0c2d4b5f6a7c1")),
+    responses((status = 200, description = "The deleted endpoint", body = DeletedWebhookEndpoint)),
+    security(("bearerAuth" = [])),
+)]
+pub(super) async fn delete(
     endpoints: web::Data<WebhookEndpoints>,
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,
     id: web::Path<String>,

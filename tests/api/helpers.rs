@@ -1,7 +1,7 @@
 //! The test harness: every test gets its own PostgreSQL database, a real
 //! `Application` on a free port, a merchant with an API key, and typed helpers
-//! for the requests the spec talks about. The database is dropped when the
-//! `TestApp` is.
+//! for the requests of the API contract (docs/api.md, `GET /openapi.json`).
+//! The database is dropped when the `TestApp` is.
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -12,6 +12,7 @@ mod demo;
 mod events;
 mod helpers;
 mod observability;
+mod openapi;
 mod plans;
 mod processes;
 mod processor;
