@@ -85,10 +85,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Ctrl-C or SIGTERM (a CI timeout) end the run the same way as its end
+    // does: every process and the PostgreSQL server are stopped.
     let result = runtime.block_on(async {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             result = run(args) => result,
             _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+            _ = terminate.recv() => Err(anyhow::anyhow!("terminated")),
         }
     });
     // Dropping the runtime drops every task, and with them the processes,

@@ -60,6 +60,26 @@ pub fn service_binary(chosen: Option<PathBuf>) -> Result<PathBuf> {
         build
             .current_dir(&workspace)
             .args(["build", "--bin", "chargeonce"]);
+        // What `cargo run` set for this program is not the environment of a
+        // build: build scripts that watch CARGO_MANIFEST_DIR (ring's) would
+        // see it change and rebuild, here and again in the next plain build.
+        for (name, _) in std::env::vars_os() {
+            let set_by_cargo_run = name.to_str().is_some_and(|name| {
+                [
+                    "CARGO_PKG_",
+                    "CARGO_MANIFEST_",
+                    "CARGO_CRATE_",
+                    "CARGO_BIN_",
+                ]
+                .iter()
+                .any(|prefix| name.starts_with(prefix))
+                    || name == "CARGO_PRIMARY_PACKAGE"
+                    || name == "OUT_DIR"
+            });
+            if set_by_cargo_run {
+                build.env_remove(&name);
+            }
+        }
         if release {
             build.arg("--release");
         }
