@@ -30,6 +30,7 @@ impl Verdict {
     }
 }
 
+#[derive(Clone)]
 pub struct ChargeRow {
     pub id: String,
     pub key: Option<String>,
@@ -604,4 +605,200 @@ fn same_key_same_answer(db: &Snapshot, told: &Told<'_>) -> Verdict {
         }
     }
     verdict
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::Operation;
+
+    const CHARGE: &str = "ch_0000000000000000000000000000000a";
+    const REFUND: &str = "re_0000000000000000000000000000000b";
+
+    /// The database, the processor's ledger, the receiver's
+    /// acknowledgements, the clients' records.
+    type World = (
+        Snapshot,
+        Ledger,
+        HashMap<String, u64>,
+        HashMap<String, Record>,
+    );
+
+    /// One succeeded charge of 1000 with a succeeded refund of 400, its
+    /// events, its payment and refund at the processor, all received.
+    fn world() -> World {
+        let db = Snapshot {
+            charges: vec![ChargeRow {
+                id: CHARGE.to_owned(),
+                key: Some("k-charge".to_owned()),
+                status: "succeeded".to_owned(),
+                amount: 1000,
+                amount_refunded: 400,
+                refunds_reserved: 400,
+                processor_payment_id: Some("pay_1".to_owned()),
+                processor_attempts: 0,
+            }],
+            refunds: vec![RefundRow {
+                id: REFUND.to_owned(),
+                charge_id: CHARGE.to_owned(),
+                key: Some("k-refund".to_owned()),
+                status: "succeeded".to_owned(),
+                amount: 400,
+                processor_refund_id: Some("rf_1".to_owned()),
+                processor_attempts: 1,
+            }],
+            events: [
+                ("evt_1", "charge.succeeded", CHARGE),
+                ("evt_2", "refund.pending", REFUND),
+                ("evt_3", "refund.succeeded", REFUND),
+            ]
+            .into_iter()
+            .map(|(id, kind, object)| EventRow {
+                id: id.to_owned(),
+                kind: kind.to_owned(),
+                object: object.to_owned(),
+            })
+            .collect(),
+            deliveries: BTreeMap::new(),
+            undelivered: Vec::new(),
+        };
+        let ledger = Ledger {
+            payments: vec![serde_json::json!({
+                "id": "pay_1", "status": "succeeded", "amount": 1000,
+                "idempotency_key": "chargeonce-0000000000000000000000000000000a",
+            })],
+            refunds: vec![serde_json::json!({
+                "id": "rf_1", "status": "succeeded", "amount": 400, "payment_id": "pay_1",
+                "idempotency_key": "chargeonce-refund-0000000000000000000000000000000b",
+            })],
+        };
+        let acknowledged = ["evt_1", "evt_2", "evt_3"]
+            .into_iter()
+            .map(|id| (id.to_owned(), 1))
+            .collect();
+        let records = [
+            ("k-charge", Kind::Charge, CHARGE),
+            ("k-refund", Kind::Refund, REFUND),
+        ]
+        .into_iter()
+        .map(|(key, kind, id)| {
+            let record = Record {
+                operation: Some(Operation::for_test(kind, key)),
+                outcomes: vec![Outcome::Final {
+                    id: id.to_owned(),
+                    status: "succeeded",
+                }],
+            };
+            (key.to_owned(), record)
+        })
+        .collect();
+        (db, ledger, acknowledged, records)
+    }
+
+    /// The names of the violated invariants.
+    fn violated(
+        db: &Snapshot,
+        ledger: &Ledger,
+        acknowledged: &HashMap<String, u64>,
+        records: &HashMap<String, Record>,
+        bad_answers: &[String],
+    ) -> Vec<&'static str> {
+        check(
+            db,
+            ledger,
+            &Received {
+                acknowledged,
+                mismatched: &[],
+            },
+            &Told {
+                records,
+                bad_answers,
+                late_503: &[],
+            },
+            true,
+        )
+        .into_iter()
+        .filter(|verdict| !verdict.violations.is_empty())
+        .map(|verdict| verdict.name)
+        .collect()
+    }
+
+    #[test]
+    fn a_consistent_world_passes() {
+        let (db, ledger, acknowledged, records) = world();
+        assert_eq!(
+            violated(&db, &ledger, &acknowledged, &records, &[]),
+            Vec::<&str>::new()
+        );
+    }
+
+    #[test]
+    fn a_payment_without_its_charge_is_a_violation() {
+        let (db, mut ledger, acknowledged, records) = world();
+        ledger.payments.push(serde_json::json!({
+            "id": "pay_2", "status": "succeeded", "amount": 1000,
+            "idempotency_key": "chargeonce-0000000000000000000000000000000c",
+        }));
+        assert_eq!(
+            violated(&db, &ledger, &acknowledged, &records, &[]),
+            ["at most one processor payment per operation, none without its row"]
+        );
+    }
+
+    #[test]
+    fn an_over_refund_is_a_violation() {
+        let (mut db, ledger, acknowledged, records) = world();
+        db.charges[0].amount = 300;
+        assert!(violated(&db, &ledger, &acknowledged, &records, &[])
+            .contains(&"no refunded total exceeds its charge"));
+    }
+
+    #[test]
+    fn a_missing_or_unreceived_event_is_a_violation() {
+        let (mut db, ledger, mut acknowledged, records) = world();
+        db.events.remove(1);
+        acknowledged.remove("evt_3");
+        assert_eq!(
+            violated(&db, &ledger, &acknowledged, &records, &[]),
+            [
+                "one event per committed state change",
+                "every event reached the receiver (2xx) at least once"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_500_and_a_second_row_for_a_key_are_violations() {
+        let (mut db, ledger, acknowledged, records) = world();
+        let mut twin = ChargeRow {
+            id: "ch_0000000000000000000000000000000d".to_owned(),
+            ..db.charges[0].clone()
+        };
+        twin.processor_payment_id = None;
+        twin.status = "failed".to_owned();
+        twin.amount_refunded = 0;
+        twin.refunds_reserved = 0;
+        db.charges.push(twin);
+        db.events.push(EventRow {
+            id: "evt_4".to_owned(),
+            kind: "charge.failed".to_owned(),
+            object: "ch_0000000000000000000000000000000d".to_owned(),
+        });
+        let mut acknowledged = acknowledged;
+        acknowledged.insert("evt_4".to_owned(), 1);
+        let names = violated(
+            &db,
+            &ledger,
+            &acknowledged,
+            &records,
+            &["500 for key k on instance 0".to_owned()],
+        );
+        assert_eq!(
+            names,
+            [
+                "one row per logical operation (idempotency key)",
+                "only documented statuses (no 500; 503 only while faults ran)"
+            ]
+        );
+    }
 }

@@ -57,6 +57,20 @@ pub struct Operation {
     pub burst: bool,
 }
 
+#[cfg(test)]
+impl Operation {
+    /// A charge or refund operation under `key`, for the checks' tests.
+    pub fn for_test(kind: Kind, key: &str) -> Self {
+        Self {
+            kind,
+            key: IdempotencyKey::from(key),
+            charge: NewCharge::new(1000, "USD"),
+            refund: None,
+            burst: false,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Record {
     pub operation: Option<Operation>,
