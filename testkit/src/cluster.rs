@@ -373,22 +373,7 @@ impl Cluster {
     }
 
     fn start_blocking() -> Self {
-        let programs = Arc::new(Programs::find());
-        let parent = std::env::var_os("CHARGEONCE_CLUSTER_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir);
-        sweep_leftovers(&programs, &parent);
-        let root = parent.join(format!(
-            "{FOLDER_PREFIX}{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..12]
-        ));
-        std::fs::create_dir_all(&root).unwrap_or_else(|e| panic!("create {}: {e}", root.display()));
-        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))
-            .expect("chmod the cluster folder");
-        std::fs::write(root.join("owner.pid"), std::process::id().to_string())
-            .expect("write owner.pid");
-        programs.hand_over(&root);
-
+        let (programs, root) = make_root();
         let primary_port = free_port();
         let standby_port = loop {
             let port = free_port();
@@ -417,24 +402,9 @@ impl Cluster {
     }
 
     fn init_primary(&self) {
-        let programs = &self.primary.programs;
-        let mut initdb = programs.command("initdb", &self.root);
-        initdb
-            .arg("-D")
-            .arg(&self.primary.data)
-            .args(["-U", "postgres", "--auth=trust", "--encoding=UTF8"])
-            .args(["--locale=C", "--no-sync", "--no-instructions"]);
-        programs.run(initdb).unwrap_or_else(|e| panic!("{e}"));
-        // initdb's pg_hba.conf trusts 127.0.0.1 for databases and for
-        // replication alike.
+        init_node(&self.root, &self.primary);
         let settings = format!(
-            "\n# chargeonce_testkit::cluster\n\
-             listen_addresses = '127.0.0.1'\n\
-             unix_socket_directories = ''\n\
-             fsync = off\n\
-             shared_buffers = '32MB'\n\
-             max_connections = 200\n\
-             wal_level = replica\n\
+            "wal_level = replica\n\
              max_wal_senders = 4\n\
              synchronous_commit = on\n\
              synchronous_standby_names = '{STANDBY_NAME}'\n"
@@ -567,6 +537,130 @@ impl Drop for Cluster {
         for node in [&self.standby, &self.primary] {
             Node::stop_quietly(&node.programs, &node.data);
         }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// A folder for a cluster, under `CHARGEONCE_CLUSTER_DIR` or the temporary
+/// folder, owned by the server's user; leftovers of dead processes swept.
+fn make_root() -> (Arc<Programs>, PathBuf) {
+    let programs = Arc::new(Programs::find());
+    let parent = std::env::var_os("CHARGEONCE_CLUSTER_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    sweep_leftovers(&programs, &parent);
+    let root = parent.join(format!(
+        "{FOLDER_PREFIX}{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    ));
+    std::fs::create_dir_all(&root).unwrap_or_else(|e| panic!("create {}: {e}", root.display()));
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))
+        .expect("chmod the cluster folder");
+    std::fs::write(root.join("owner.pid"), std::process::id().to_string())
+        .expect("write owner.pid");
+    programs.hand_over(&root);
+    (programs, root)
+}
+
+/// `initdb` of `node` and the settings every server here shares.
+fn init_node(root: &Path, node: &Node) {
+    let programs = &node.programs;
+    let mut initdb = programs.command("initdb", root);
+    initdb
+        .arg("-D")
+        .arg(&node.data)
+        .args(["-U", "postgres", "--auth=trust", "--encoding=UTF8"])
+        .args(["--locale=C", "--no-sync", "--no-instructions"]);
+    programs.run(initdb).unwrap_or_else(|e| panic!("{e}"));
+    // initdb's pg_hba.conf trusts 127.0.0.1 for databases and for
+    // replication alike.
+    append(
+        &node.data.join("postgresql.conf"),
+        "\n# chargeonce_testkit::cluster\n\
+         listen_addresses = '127.0.0.1'\n\
+         unix_socket_directories = ''\n\
+         fsync = off\n\
+         shared_buffers = '32MB'\n\
+         max_connections = 200\n",
+    );
+}
+
+/// A single private PostgreSQL server without a standby (the chaos run's):
+/// on a free port of 127.0.0.1, in a temporary folder like a [`Cluster`]'s,
+/// with the same settings but no replication. It can be crashed and
+/// started again on the same port. Dropping it stops it and removes the
+/// folder.
+pub struct Server {
+    root: PathBuf,
+    node: Node,
+}
+
+impl Server {
+    /// Creates and starts the server.
+    pub async fn start() -> Self {
+        tokio::task::spawn_blocking(|| {
+            let (programs, root) = make_root();
+            let mut server = Self {
+                node: Node {
+                    name: "primary",
+                    port: free_port(),
+                    data: root.join("primary"),
+                    log: root.join("primary.log"),
+                    programs,
+                },
+                root,
+            };
+            init_node(&server.root, &server.node);
+            server.node.start_blocking();
+            server
+        })
+        .await
+        .expect("server start-up thread")
+    }
+
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    /// `pg_ctl -m immediate stop` (a crash: no checkpoint, every backend
+    /// gone at once), then a start on the same port with crash recovery.
+    /// Returns how long the server was away. Panics if the port was taken
+    /// in between (the server would have moved, and proxies pointing at it
+    /// would be wrong).
+    pub async fn restart_immediate(&mut self) -> Duration {
+        let started = Instant::now();
+        self.node.stop_immediate().await;
+        let port = self.node.port;
+        let mut node = Node {
+            name: self.node.name,
+            port,
+            data: self.node.data.clone(),
+            log: self.node.log.clone(),
+            programs: self.node.programs.clone(),
+        };
+        let node = tokio::task::spawn_blocking(move || {
+            node.start_blocking();
+            node
+        })
+        .await
+        .expect("server start-up thread");
+        assert_eq!(
+            node.port, port,
+            "the server's port was taken while it was down"
+        );
+        self.node = node;
+        started.elapsed()
+    }
+
+    /// The folder the server lives in.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        Node::stop_quietly(&self.node.programs, &self.node.data);
         let _ = std::fs::remove_dir_all(&self.root);
     }
 }

@@ -11,7 +11,8 @@
 //! - [`proxy`]: a TCP proxy that can stall or cut connections, and lose
 //!   answers after the request went through;
 //! - [`cluster`]: a private PostgreSQL primary with a synchronous
-//!   streaming-replication standby, to crash the one and promote the other.
+//!   streaming-replication standby, to crash the one and promote the other;
+//!   or a single private server ([`Server`]) to crash and start again.
 //!
 //! Nothing here is part of the service; it is never built into it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -22,7 +23,7 @@ pub mod pgbouncer;
 pub mod process;
 pub mod proxy;
 
-pub use cluster::{Cluster, Node};
+pub use cluster::{Cluster, Node, Server};
 pub use db::{admin_url, redact, server_address, with_database, TestDatabase};
 pub use nix::sys::signal::Signal;
 pub use pgbouncer::PgBouncer;

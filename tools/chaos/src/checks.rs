@@ -1,0 +1,804 @@
+//! The invariants, checked once faults stopped and everything settled,
+//! from three sources that do not depend on each other: the database (read
+//! directly, not through the service), psp-sim's ledger (what money
+//! moved), and the receiver (what webhooks arrived); plus what the clients
+//! were told.
+
+use std::collections::{BTreeMap, HashMap};
+
+use anyhow::{Context as _, Result};
+use serde_json::Value;
+use tokio_postgres::Client as Db;
+
+use crate::workload::{Kind, Outcome, Record};
+
+/// One invariant's result: how many things it looked at, and every
+/// offender.
+pub struct Verdict {
+    pub name: &'static str,
+    pub checked: usize,
+    pub violations: Vec<String>,
+}
+
+impl Verdict {
+    fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            checked: 0,
+            violations: Vec::new(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct ChargeRow {
+    pub id: String,
+    pub key: Option<String>,
+    pub status: String,
+    pub amount: i64,
+    pub amount_refunded: i64,
+    pub refunds_reserved: i64,
+    pub processor_payment_id: Option<String>,
+    pub processor_attempts: i32,
+}
+
+pub struct RefundRow {
+    pub id: String,
+    pub charge_id: String,
+    pub key: Option<String>,
+    pub status: String,
+    pub amount: i64,
+    pub processor_refund_id: Option<String>,
+    pub processor_attempts: i32,
+}
+
+pub struct EventRow {
+    pub id: String,
+    pub kind: String,
+    pub object: String,
+}
+
+/// Everything read from the database.
+pub struct Snapshot {
+    pub charges: Vec<ChargeRow>,
+    pub refunds: Vec<RefundRow>,
+    pub events: Vec<EventRow>,
+    /// Deliveries by status.
+    pub deliveries: BTreeMap<String, i64>,
+    /// Deliveries not `delivered`: (event id, status, last error).
+    pub undelivered: Vec<String>,
+}
+
+impl Snapshot {
+    pub async fn read(db: &Db) -> Result<Self> {
+        let charges = db
+            .query(
+                "SELECT 'ch_' || replace(id::text, '-', ''), client_idempotency_key, status, \
+                        amount, amount_refunded, refunds_reserved, processor_payment_id, \
+                        processor_attempts \
+                   FROM charges",
+                &[],
+            )
+            .await
+            .context("reading charges")?
+            .iter()
+            .map(|row| ChargeRow {
+                id: row.get(0),
+                key: row.get(1),
+                status: row.get(2),
+                amount: row.get(3),
+                amount_refunded: row.get(4),
+                refunds_reserved: row.get(5),
+                processor_payment_id: row.get(6),
+                processor_attempts: row.get(7),
+            })
+            .collect();
+        let refunds = db
+            .query(
+                "SELECT 're_' || replace(id::text, '-', ''), 'ch_' || replace(charge_id::text, '-', ''), \
+                        client_idempotency_key, status, amount, processor_refund_id, \
+                        processor_attempts \
+                   FROM refunds",
+                &[],
+            )
+            .await
+            .context("reading refunds")?
+            .iter()
+            .map(|row| RefundRow {
+                id: row.get(0),
+                charge_id: row.get(1),
+                key: row.get(2),
+                status: row.get(3),
+                amount: row.get(4),
+                processor_refund_id: row.get(5),
+                processor_attempts: row.get(6),
+            })
+            .collect();
+        let events = db
+            .query(
+                "SELECT 'evt_' || replace(id::text, '-', ''), type, \
+                        coalesce('ch_' || replace(charge_id::text, '-', ''), \
+                                 're_' || replace(refund_id::text, '-', '')) \
+                   FROM events",
+                &[],
+            )
+            .await
+            .context("reading events")?
+            .iter()
+            .map(|row| EventRow {
+                id: row.get(0),
+                kind: row.get(1),
+                object: row.get(2),
+            })
+            .collect();
+        let deliveries = db
+            .query(
+                "SELECT status, count(*) FROM webhook_deliveries GROUP BY status",
+                &[],
+            )
+            .await
+            .context("reading deliveries")?
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        let undelivered = db
+            .query(
+                "SELECT 'evt_' || replace(event_id::text, '-', '') || ' ' || status || ' ' \
+                        || coalesce(last_error, '') \
+                   FROM webhook_deliveries WHERE status <> 'delivered'",
+                &[],
+            )
+            .await
+            .context("reading deliveries")?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        Ok(Self {
+            charges,
+            refunds,
+            events,
+            deliveries,
+            undelivered,
+        })
+    }
+
+    pub fn pending(&self) -> usize {
+        self.charges
+            .iter()
+            .filter(|c| c.status == "pending")
+            .count()
+            + self
+                .refunds
+                .iter()
+                .filter(|r| r.status == "pending")
+                .count()
+    }
+}
+
+/// psp-sim's ledger: `GET /v1/payments` and `GET /v1/refunds`.
+pub struct Ledger {
+    pub payments: Vec<Value>,
+    pub refunds: Vec<Value>,
+}
+
+impl Ledger {
+    pub async fn read(psp_url: &str) -> Result<Self> {
+        let http = reqwest::Client::new();
+        let mut lists = Vec::new();
+        for what in ["payments", "refunds"] {
+            let list: Value = http
+                .get(format!("{psp_url}/v1/{what}"))
+                .send()
+                .await
+                .and_then(reqwest::Response::error_for_status)
+                .with_context(|| format!("reading psp-sim's {what}"))?
+                .json()
+                .await
+                .with_context(|| format!("reading psp-sim's {what}"))?;
+            lists.push(list["data"].as_array().cloned().unwrap_or_default());
+        }
+        let refunds = lists.pop().unwrap_or_default();
+        let payments = lists.pop().unwrap_or_default();
+        Ok(Self { payments, refunds })
+    }
+
+    /// Requests psp-sim received, faults included.
+    pub fn requests(&self) -> u64 {
+        self.payments
+            .iter()
+            .chain(&self.refunds)
+            .filter_map(|entry| entry["requests"].as_u64())
+            .sum()
+    }
+}
+
+fn text(value: &Value, field: &str) -> String {
+    value[field].as_str().unwrap_or_default().to_owned()
+}
+
+/// What the receiver saw: acknowledged (2xx) answers per `webhook-id`, and
+/// ids whose body named another event.
+pub struct Received<'a> {
+    pub acknowledged: &'a HashMap<String, u64>,
+    pub mismatched: &'a [String],
+}
+
+/// What the clients saw.
+pub struct Told<'a> {
+    pub records: &'a HashMap<String, Record>,
+    pub bad_answers: &'a [String],
+    pub late_503: &'a [String],
+}
+
+/// Every invariant, in the order of RELIABILITY.md.
+pub fn check(
+    db: &Snapshot,
+    ledger: &Ledger,
+    received: &Received<'_>,
+    told: &Told<'_>,
+    settled: bool,
+) -> Vec<Verdict> {
+    vec![
+        one_row_per_operation(db, told),
+        one_payment_per_operation(db, ledger),
+        all_final(db, told, settled),
+        no_over_refund(db, ledger),
+        one_event_per_change(db),
+        events_received(db, received),
+        documented_answers(told),
+        same_key_same_answer(db, told),
+    ]
+}
+
+/// The rows of each key.
+type ByKey<'a, T> = HashMap<&'a str, Vec<&'a T>>;
+
+/// A charge key's rows, a refund key's rows.
+fn rows_by_key(db: &Snapshot) -> (ByKey<'_, ChargeRow>, ByKey<'_, RefundRow>) {
+    let mut charges: ByKey<'_, ChargeRow> = HashMap::new();
+    for charge in &db.charges {
+        if let Some(key) = &charge.key {
+            charges.entry(key).or_default().push(charge);
+        }
+    }
+    let mut refunds: ByKey<'_, RefundRow> = HashMap::new();
+    for refund in &db.refunds {
+        if let Some(key) = &refund.key {
+            refunds.entry(key).or_default().push(refund);
+        }
+    }
+    (charges, refunds)
+}
+
+fn one_row_per_operation(db: &Snapshot, told: &Told<'_>) -> Verdict {
+    let mut verdict = Verdict::new("one row per logical operation (idempotency key)");
+    let (charges, refunds) = rows_by_key(db);
+    for (key, record) in told.records {
+        let Some(operation) = &record.operation else {
+            continue;
+        };
+        verdict.checked += 1;
+        let rows = match operation.kind {
+            Kind::Charge => charges.get(key.as_str()).map_or(0, Vec::len),
+            Kind::Refund => refunds.get(key.as_str()).map_or(0, Vec::len),
+        };
+        let refused = !record.outcomes.is_empty()
+            && record
+                .outcomes
+                .iter()
+                .all(|o| matches!(o, Outcome::Refused(_)));
+        let unfinished = record.outcomes.is_empty();
+        let expected_ok = if refused {
+            rows == 0
+        } else if unfinished {
+            rows <= 1
+        } else {
+            rows == 1
+        };
+        if !expected_ok {
+            verdict.violations.push(format!(
+                "{:?} key {key}: {rows} rows{}",
+                operation.kind,
+                if refused {
+                    " for a refused request"
+                } else {
+                    ""
+                }
+            ));
+        }
+    }
+    for charge in &db.charges {
+        if charge
+            .key
+            .as_ref()
+            .is_none_or(|key| !told.records.contains_key(key))
+        {
+            verdict
+                .violations
+                .push(format!("charge {} has a key no client sent", charge.id));
+        }
+    }
+    for refund in &db.refunds {
+        if refund
+            .key
+            .as_ref()
+            .is_none_or(|key| !told.records.contains_key(key))
+        {
+            verdict
+                .violations
+                .push(format!("refund {} has a key no client sent", refund.id));
+        }
+    }
+    verdict
+}
+
+/// psp-sim's key for a charge or refund id (`ch_<hex>` → `chargeonce-<hex>`).
+fn processor_key(id: &str) -> String {
+    match id.split_once('_') {
+        Some(("re", hex)) => format!("chargeonce-refund-{hex}"),
+        Some((_, hex)) => format!("chargeonce-{hex}"),
+        None => id.to_owned(),
+    }
+}
+
+fn one_payment_per_operation(db: &Snapshot, ledger: &Ledger) -> Verdict {
+    let mut verdict =
+        Verdict::new("at most one processor payment per operation, none without its row");
+    // (id, status, key) of each operation: charges against payments,
+    // refunds against refunds.
+    let sides = [
+        (
+            "charge",
+            db.charges
+                .iter()
+                .map(|c| (&c.id, &c.status, &c.processor_payment_id))
+                .collect::<Vec<_>>(),
+            &ledger.payments,
+        ),
+        (
+            "refund",
+            db.refunds
+                .iter()
+                .map(|r| (&r.id, &r.status, &r.processor_refund_id))
+                .collect::<Vec<_>>(),
+            &ledger.refunds,
+        ),
+    ];
+    for (what, rows, book) in sides {
+        let mut by_key: HashMap<String, Vec<&Value>> = HashMap::new();
+        for entry in book {
+            by_key
+                .entry(text(entry, "idempotency_key"))
+                .or_default()
+                .push(entry);
+        }
+        let mut known = std::collections::HashSet::new();
+        for (id, status, processor_id) in rows {
+            verdict.checked += 1;
+            let key = processor_key(id);
+            let entries = by_key.get(&key).map(Vec::as_slice).unwrap_or_default();
+            known.insert(key);
+            if entries.len() > 1 {
+                verdict
+                    .violations
+                    .push(format!("{what} {id}: {} processor entries", entries.len()));
+            }
+            let moved = entries.iter().find(|e| text(e, "status") == "succeeded");
+            match status.as_str() {
+                "succeeded" => match moved {
+                    Some(entry) if Some(text(entry, "id")) == *processor_id => {}
+                    Some(entry) => verdict.violations.push(format!(
+                        "{what} {id}: succeeded with {processor_id:?}, the processor has {}",
+                        text(entry, "id")
+                    )),
+                    None => verdict.violations.push(format!(
+                        "{what} {id}: succeeded, the processor has no such {what}"
+                    )),
+                },
+                "failed" => {
+                    if let Some(entry) = moved {
+                        verdict.violations.push(format!(
+                            "{what} {id}: failed, yet the processor made {}",
+                            text(entry, "id")
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (key, entries) in &by_key {
+            if !known.contains(key) {
+                for entry in entries {
+                    verdict.violations.push(format!(
+                        "processor {what} {} (key {key}, {}) has no {what} row",
+                        text(entry, "id"),
+                        text(entry, "status")
+                    ));
+                }
+            }
+        }
+    }
+    verdict
+}
+
+fn all_final(db: &Snapshot, told: &Told<'_>, settled: bool) -> Verdict {
+    let mut verdict = Verdict::new("every charge and refund final within the bound");
+    verdict.checked = db.charges.len() + db.refunds.len();
+    for charge in db.charges.iter().filter(|c| c.status == "pending") {
+        verdict
+            .violations
+            .push(format!("charge {} still pending", charge.id));
+    }
+    for refund in db.refunds.iter().filter(|r| r.status == "pending") {
+        verdict
+            .violations
+            .push(format!("refund {} still pending", refund.id));
+    }
+    for (key, record) in told.records {
+        if record.outcomes.is_empty() && record.operation.is_some() {
+            verdict
+                .violations
+                .push(format!("key {key}: no final answer to the client"));
+        }
+    }
+    if !settled {
+        verdict
+            .violations
+            .push("not settled within the bound (see above)".to_owned());
+    }
+    verdict
+}
+
+fn no_over_refund(db: &Snapshot, ledger: &Ledger) -> Verdict {
+    let mut verdict = Verdict::new("no refunded total exceeds its charge");
+    let mut refunded: HashMap<&str, (i64, i64)> = HashMap::new();
+    for refund in &db.refunds {
+        let entry = refunded.entry(&refund.charge_id).or_default();
+        match refund.status.as_str() {
+            "succeeded" => {
+                entry.0 += refund.amount;
+                entry.1 += refund.amount;
+            }
+            "pending" => entry.1 += refund.amount,
+            _ => {}
+        }
+    }
+    for charge in &db.charges {
+        verdict.checked += 1;
+        let (succeeded, reserved) = refunded.get(charge.id.as_str()).copied().unwrap_or((0, 0));
+        if succeeded > charge.amount || reserved > charge.amount {
+            verdict.violations.push(format!(
+                "charge {}: {succeeded} refunded ({reserved} with pending) of {}",
+                charge.id, charge.amount
+            ));
+        }
+        if charge.amount_refunded != succeeded || charge.refunds_reserved != reserved {
+            verdict.violations.push(format!(
+                "charge {}: amount_refunded {} / refunds_reserved {}, its refunds say {succeeded} / {reserved}",
+                charge.id, charge.amount_refunded, charge.refunds_reserved
+            ));
+        }
+    }
+    let mut at_processor: HashMap<String, i64> = HashMap::new();
+    for refund in &ledger.refunds {
+        if text(refund, "status") == "succeeded" {
+            *at_processor.entry(text(refund, "payment_id")).or_default() +=
+                refund["amount"].as_i64().unwrap_or_default();
+        }
+    }
+    for payment in &ledger.payments {
+        let refunded = at_processor.get(&text(payment, "id")).copied().unwrap_or(0);
+        if refunded > payment["amount"].as_i64().unwrap_or_default() {
+            verdict.violations.push(format!(
+                "processor payment {}: {refunded} refunded of {}",
+                text(payment, "id"),
+                payment["amount"]
+            ));
+        }
+    }
+    verdict
+}
+
+fn one_event_per_change(db: &Snapshot) -> Verdict {
+    let mut verdict = Verdict::new("one event per committed state change");
+    let mut events: HashMap<(&str, &str), usize> = HashMap::new();
+    for event in &db.events {
+        *events.entry((&event.object, &event.kind)).or_default() += 1;
+    }
+    let objects = db
+        .charges
+        .iter()
+        .map(|c| ("charge", &c.id, &c.status, c.processor_attempts))
+        .chain(
+            db.refunds
+                .iter()
+                .map(|r| ("refund", &r.id, &r.status, r.processor_attempts)),
+        );
+    for (what, id, status, unknown_answers) in objects {
+        verdict.checked += 1;
+        for state in ["pending", "succeeded", "failed"] {
+            let kind = format!("{what}.{state}");
+            let count = events
+                .get(&(id.as_str(), kind.as_str()))
+                .copied()
+                .unwrap_or(0);
+            // `pending` is a change once the first answer was unknown;
+            // the final state is one once reached.
+            let expected = match state {
+                "pending" => usize::from(unknown_answers > 0),
+                final_state => usize::from(status == final_state),
+            };
+            if count != expected {
+                verdict.violations.push(format!(
+                    "{what} {id} ({status}): {count} {kind} events, expected {expected}"
+                ));
+            }
+        }
+    }
+    verdict
+}
+
+fn events_received(db: &Snapshot, received: &Received<'_>) -> Verdict {
+    let mut verdict = Verdict::new("every event reached the receiver (2xx) at least once");
+    for event in &db.events {
+        verdict.checked += 1;
+        if received.acknowledged.get(&event.id).copied().unwrap_or(0) == 0 {
+            verdict.violations.push(format!(
+                "event {} ({}) never acknowledged",
+                event.id, event.kind
+            ));
+        }
+    }
+    for delivery in &db.undelivered {
+        verdict.violations.push(format!("delivery {delivery}"));
+    }
+    for id in received.mismatched {
+        verdict
+            .violations
+            .push(format!("webhook-id {id}: the body is another event"));
+    }
+    verdict
+}
+
+fn documented_answers(told: &Told<'_>) -> Verdict {
+    let mut verdict = Verdict::new("only documented statuses (no 500; 503 only while faults ran)");
+    verdict.checked = told.records.len();
+    verdict.violations.extend(told.bad_answers.iter().cloned());
+    verdict.violations.extend(
+        told.late_503
+            .iter()
+            .map(|at| format!("503 after faults stopped: {at}")),
+    );
+    verdict
+}
+
+fn same_key_same_answer(db: &Snapshot, told: &Told<'_>) -> Verdict {
+    let mut verdict = Verdict::new("one key, one answer, as recorded");
+    let status_of: HashMap<&str, &str> = db
+        .charges
+        .iter()
+        .map(|c| (c.id.as_str(), c.status.as_str()))
+        .chain(
+            db.refunds
+                .iter()
+                .map(|r| (r.id.as_str(), r.status.as_str())),
+        )
+        .collect();
+    for (key, record) in told.records {
+        let Some(first) = record.outcomes.first() else {
+            continue;
+        };
+        verdict.checked += 1;
+        if record.outcomes.iter().any(|o| o != first) {
+            verdict.violations.push(format!(
+                "key {key}: different answers {:?}",
+                record.outcomes
+            ));
+        }
+        if let Outcome::Final { id, status } = first {
+            match status_of.get(id.as_str()) {
+                Some(recorded) if recorded == status => {}
+                recorded => verdict.violations.push(format!(
+                    "key {key}: told {id} {status}, the database has {recorded:?}"
+                )),
+            }
+        }
+    }
+    verdict
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::Operation;
+
+    const CHARGE: &str = "ch_0000000000000000000000000000000a";
+    const REFUND: &str = "re_0000000000000000000000000000000b";
+
+    /// The database, the processor's ledger, the receiver's
+    /// acknowledgements, the clients' records.
+    type World = (
+        Snapshot,
+        Ledger,
+        HashMap<String, u64>,
+        HashMap<String, Record>,
+    );
+
+    /// One succeeded charge of 1000 with a succeeded refund of 400, its
+    /// events, its payment and refund at the processor, all received.
+    fn world() -> World {
+        let db = Snapshot {
+            charges: vec![ChargeRow {
+                id: CHARGE.to_owned(),
+                key: Some("k-charge".to_owned()),
+                status: "succeeded".to_owned(),
+                amount: 1000,
+                amount_refunded: 400,
+                refunds_reserved: 400,
+                processor_payment_id: Some("pay_1".to_owned()),
+                processor_attempts: 0,
+            }],
+            refunds: vec![RefundRow {
+                id: REFUND.to_owned(),
+                charge_id: CHARGE.to_owned(),
+                key: Some("k-refund".to_owned()),
+                status: "succeeded".to_owned(),
+                amount: 400,
+                processor_refund_id: Some("rf_1".to_owned()),
+                processor_attempts: 1,
+            }],
+            events: [
+                ("evt_1", "charge.succeeded", CHARGE),
+                ("evt_2", "refund.pending", REFUND),
+                ("evt_3", "refund.succeeded", REFUND),
+            ]
+            .into_iter()
+            .map(|(id, kind, object)| EventRow {
+                id: id.to_owned(),
+                kind: kind.to_owned(),
+                object: object.to_owned(),
+            })
+            .collect(),
+            deliveries: BTreeMap::new(),
+            undelivered: Vec::new(),
+        };
+        let ledger = Ledger {
+            payments: vec![serde_json::json!({
+                "id": "pay_1", "status": "succeeded", "amount": 1000,
+                "idempotency_key": "chargeonce-0000000000000000000000000000000a",
+            })],
+            refunds: vec![serde_json::json!({
+                "id": "rf_1", "status": "succeeded", "amount": 400, "payment_id": "pay_1",
+                "idempotency_key": "chargeonce-refund-0000000000000000000000000000000b",
+            })],
+        };
+        let acknowledged = ["evt_1", "evt_2", "evt_3"]
+            .into_iter()
+            .map(|id| (id.to_owned(), 1))
+            .collect();
+        let records = [
+            ("k-charge", Kind::Charge, CHARGE),
+            ("k-refund", Kind::Refund, REFUND),
+        ]
+        .into_iter()
+        .map(|(key, kind, id)| {
+            let record = Record {
+                operation: Some(Operation::for_test(kind, key)),
+                outcomes: vec![Outcome::Final {
+                    id: id.to_owned(),
+                    status: "succeeded",
+                }],
+            };
+            (key.to_owned(), record)
+        })
+        .collect();
+        (db, ledger, acknowledged, records)
+    }
+
+    /// The names of the violated invariants.
+    fn violated(
+        db: &Snapshot,
+        ledger: &Ledger,
+        acknowledged: &HashMap<String, u64>,
+        records: &HashMap<String, Record>,
+        bad_answers: &[String],
+    ) -> Vec<&'static str> {
+        check(
+            db,
+            ledger,
+            &Received {
+                acknowledged,
+                mismatched: &[],
+            },
+            &Told {
+                records,
+                bad_answers,
+                late_503: &[],
+            },
+            true,
+        )
+        .into_iter()
+        .filter(|verdict| !verdict.violations.is_empty())
+        .map(|verdict| verdict.name)
+        .collect()
+    }
+
+    #[test]
+    fn a_consistent_world_passes() {
+        let (db, ledger, acknowledged, records) = world();
+        assert_eq!(
+            violated(&db, &ledger, &acknowledged, &records, &[]),
+            Vec::<&str>::new()
+        );
+    }
+
+    #[test]
+    fn a_payment_without_its_charge_is_a_violation() {
+        let (db, mut ledger, acknowledged, records) = world();
+        ledger.payments.push(serde_json::json!({
+            "id": "pay_2", "status": "succeeded", "amount": 1000,
+            "idempotency_key": "chargeonce-0000000000000000000000000000000c",
+        }));
+        assert_eq!(
+            violated(&db, &ledger, &acknowledged, &records, &[]),
+            ["at most one processor payment per operation, none without its row"]
+        );
+    }
+
+    #[test]
+    fn an_over_refund_is_a_violation() {
+        let (mut db, ledger, acknowledged, records) = world();
+        db.charges[0].amount = 300;
+        assert!(violated(&db, &ledger, &acknowledged, &records, &[])
+            .contains(&"no refunded total exceeds its charge"));
+    }
+
+    #[test]
+    fn a_missing_or_unreceived_event_is_a_violation() {
+        let (mut db, ledger, mut acknowledged, records) = world();
+        db.events.remove(1);
+        acknowledged.remove("evt_3");
+        assert_eq!(
+            violated(&db, &ledger, &acknowledged, &records, &[]),
+            [
+                "one event per committed state change",
+                "every event reached the receiver (2xx) at least once"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_500_and_a_second_row_for_a_key_are_violations() {
+        let (mut db, ledger, acknowledged, records) = world();
+        let mut twin = ChargeRow {
+            id: "ch_0000000000000000000000000000000d".to_owned(),
+            ..db.charges[0].clone()
+        };
+        twin.processor_payment_id = None;
+        twin.status = "failed".to_owned();
+        twin.amount_refunded = 0;
+        twin.refunds_reserved = 0;
+        db.charges.push(twin);
+        db.events.push(EventRow {
+            id: "evt_4".to_owned(),
+            kind: "charge.failed".to_owned(),
+            object: "ch_0000000000000000000000000000000d".to_owned(),
+        });
+        let mut acknowledged = acknowledged;
+        acknowledged.insert("evt_4".to_owned(), 1);
+        let names = violated(
+            &db,
+            &ledger,
+            &acknowledged,
+            &records,
+            &["500 for key k on instance 0".to_owned()],
+        );
+        assert_eq!(
+            names,
+            [
+                "one row per logical operation (idempotency key)",
+                "only documented statuses (no 500; 503 only while faults ran)"
+            ]
+        );
+    }
+}

@@ -1,0 +1,454 @@
+//! The chaos run of chargeonce (RELIABILITY.md): a private PostgreSQL,
+//! three real service instances each behind a fault proxy, psp-sim with
+//! faults, a webhook receiver that fails deliveries, and concurrent clients,
+//! while connections are cut and stalled, instances are SIGKILLed and
+//! started again, and PostgreSQL is restarted in immediate mode. Then the
+//! faults stop, everything settles, and the invariants are checked from the
+//! database, psp-sim's ledger and the receiver. Exit status: 0 when every
+//! invariant holds, 1 on a violation (the offenders are named), 2 when the
+//! run could not be made.
+//!
+//! `cargo run --release -p chaos -- --seconds 60`
+
+mod checks;
+mod faults;
+mod receiver;
+mod stack;
+mod workload;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+use chargeonce_testkit::{Proxy, Server};
+use clap::Parser;
+use tokio::sync::Mutex;
+
+use crate::checks::{Ledger, Received, Snapshot, Told};
+use crate::stack::Instance;
+use crate::workload::{lock, Kind, Scenarios, Shared};
+
+/// Service instances.
+const INSTANCES: usize = 3;
+/// Offenders printed per invariant (all of them go to the report file).
+const SHOWN: usize = 20;
+
+/// Faults against real chargeonce processes, then the invariants.
+#[derive(Debug, Parser)]
+#[command(name = "chaos")]
+struct Args {
+    /// How long the faults run, in seconds.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Concurrent customers.
+    #[arg(long, default_value_t = 6)]
+    clients: usize,
+    /// The bound, in seconds after the faults stop, within which every
+    /// charge and refund must be final and every event delivered.
+    #[arg(long, default_value_t = 60)]
+    settle_secs: u64,
+    /// Seed of psp-sim's and the receiver's fault draws (default: random).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// The service binary (default: `chargeonce` beside this program,
+    /// built first when run by cargo).
+    #[arg(long)]
+    service: Option<PathBuf>,
+    /// Where logs and the report go (default: target/chaos).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+/// A progress line on stderr, with the time since the start.
+pub fn say(message: &str) {
+    let elapsed = START.get_or_init(Instant::now).elapsed();
+    eprintln!("chaos [{:6.1}s] {message}", elapsed.as_secs_f64());
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    START.get_or_init(Instant::now);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("chaos: cannot start the runtime: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    // Ctrl-C or SIGTERM (a CI timeout) end the run the same way as its end
+    // does: every process and the PostgreSQL server are stopped.
+    let result = runtime.block_on(async {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            result = run(args) => result,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+            _ = terminate.recv() => Err(anyhow::anyhow!("terminated")),
+        }
+    });
+    // Dropping the runtime drops every task, and with them the processes,
+    // proxies and the PostgreSQL server they hold.
+    drop(runtime);
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(error) => {
+            eprintln!("chaos: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The whole run; `Ok(false)` when an invariant was violated.
+async fn run(args: Args) -> Result<bool> {
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let binary = stack::service_binary(args.service.clone())?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/chaos"));
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    for entry in std::fs::read_dir(&out)?.filter_map(Result::ok) {
+        if entry.path().extension().is_some_and(|ext| ext == "log") {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    say(&format!(
+        "seed {seed}; service {}; logs in {}",
+        binary.display(),
+        out.display()
+    ));
+
+    say("starting a private PostgreSQL server");
+    let mut server = Server::start().await;
+    server.node().create_database("chargeonce").await;
+    let direct_url = server.node().url("chargeonce");
+    stack::cli(&binary, &direct_url, &["migrate"], &out).await?;
+    let secret = stack::cli(&binary, &direct_url, &["merchant", "create", "Chaos"], &out).await?;
+
+    let psp = stack::start_psp_sim(&binary, &out, seed).await?;
+    let receiver = receiver::Receiver::start(seed).await?;
+
+    let mut instances = Vec::new();
+    for index in 0..INSTANCES {
+        let listen = "127.0.0.1:0".parse().context("an address")?;
+        let proxy = Proxy::start_on(
+            listen,
+            server.node().address(),
+            seed.wrapping_add(index as u64),
+        )
+        .await;
+        let mut instance = Instance::new(index, proxy, &direct_url, &psp.url, &binary, &out)?;
+        instance.start(3).await?;
+        say(&format!("instance {index} on {}", instance.url()));
+        instances.push(instance);
+    }
+    let urls: Vec<String> = instances.iter().map(Instance::url).collect();
+    create_endpoint(&urls[0], &secret, &receiver.url).await?;
+    let instances: faults::Instances = Arc::new(instances.into_iter().map(Mutex::new).collect());
+
+    let shared = Arc::new(Shared::new(&urls, &secret)?);
+    let scenarios = Arc::new(Scenarios::default());
+    let counts = Arc::new(faults::Counts::default());
+    let started = Instant::now();
+    let until = started + Duration::from_secs(args.seconds);
+    say(&format!(
+        "{} s of faults with {} customers",
+        args.seconds, args.clients
+    ));
+    let network = tokio::spawn(faults::network(instances.clone(), counts.clone(), until));
+    let crashes = tokio::spawn(faults::crashes(instances.clone(), counts.clone(), until));
+    let mut customers = tokio::task::JoinSet::new();
+    for _ in 0..args.clients {
+        customers.spawn(workload::customer(shared.clone(), scenarios.clone(), until));
+    }
+
+    // One PostgreSQL crash and restart, half-way.
+    tokio::time::sleep_until((started + Duration::from_secs(args.seconds / 2)).into()).await;
+    say("PostgreSQL: immediate restart");
+    let pg_down = server.restart_immediate().await;
+    say(&format!("PostgreSQL back after {pg_down:.1?}"));
+
+    network.await.context("the network fault task")?;
+    crashes.await.context("the crash task")??;
+    // Every instance runs and forwards: the faults are over.
+    for instance in instances.iter() {
+        let instance = instance.lock().await;
+        if instance.process.is_none() {
+            bail!(
+                "instance {} is not running after the faults",
+                instance.index
+            );
+        }
+        instance
+            .proxy
+            .set_mode(chargeonce_testkit::ProxyMode::Forward);
+    }
+    receiver.stop_failing();
+    let calm = Instant::now();
+    *lock(&shared.calm_since) = Some(calm);
+    say("faults stopped; customers finish what they were doing");
+    while customers.join_next().await.is_some() {}
+
+    let bound = Duration::from_secs(args.settle_secs);
+    let unfinished = shared.unfinished().len();
+    say(&format!(
+        "resuming {unfinished} operations without a final answer, with their keys"
+    ));
+    shared.resume_unfinished(calm + bound).await;
+
+    let (db, _connection) = connect(&direct_url).await?;
+    let (settled, snapshot) = settle(&db, &receiver, calm, bound).await?;
+    let settle_time = calm.elapsed();
+    let ledger = Ledger::read(&psp.url).await?;
+
+    let records = std::mem::take(&mut *lock(&shared.records));
+    let bad_answers = lock(&shared.bad_answers).clone();
+    let late_503 = lock(&shared.late_503).clone();
+    let verdicts = receiver.with_tally(|tally| {
+        checks::check(
+            &snapshot,
+            &ledger,
+            &Received {
+                acknowledged: &tally.acknowledged,
+                mismatched: &tally.mismatched,
+            },
+            &Told {
+                records: &records,
+                bad_answers: &bad_answers,
+                late_503: &late_503,
+            },
+            settled,
+        )
+    });
+
+    // The summary.
+    let mut report = String::new();
+    let charges_ops = records
+        .values()
+        .filter_map(|r| r.operation.as_ref())
+        .filter(|o| o.kind == Kind::Charge)
+        .count();
+    let burst_ops = records
+        .values()
+        .filter_map(|r| r.operation.as_ref())
+        .filter(|o| o.burst)
+        .count();
+    let refund_ops = records.len() - charges_ops;
+    let statuses = lock(&shared.statuses).clone();
+    let (arrived, acknowledged) = receiver.with_tally(|tally| {
+        (
+            tally.arrived.values().sum::<u64>(),
+            tally.acknowledged.len(),
+        )
+    });
+    let row = |report: &mut String, name: &str, value: String| {
+        let _ = writeln!(report, "| {name:<24} | {value} |");
+    };
+    let _ = writeln!(
+        report,
+        "\n## chaos run: {} s of faults, {} customers, seed {seed}\n",
+        args.seconds, args.clients
+    );
+    let _ = writeln!(report, "| what | |\n|---|---|");
+    row(
+        &mut report,
+        "operations",
+        format!(
+            "{} logical: {charges_ops} charges ({burst_ops} sent as bursts to all {INSTANCES} instances at once), {refund_ops} refunds ({} refund races); {} attempts",
+            records.len(),
+            scenarios.refund_races.load(Ordering::Relaxed),
+            shared.attempts.load(Ordering::Relaxed)
+        ),
+    );
+    row(&mut report, "answers by status", describe(&statuses));
+    row(
+        &mut report,
+        "database faults",
+        format!(
+            "{} cuts, {} stalls (partitions) of an instance's connections; 1 PostgreSQL immediate restart (down {pg_down:.1?})",
+            counts.cuts.load(Ordering::Relaxed),
+            counts.stalls.load(Ordering::Relaxed),
+        ),
+    );
+    row(
+        &mut report,
+        "instance crashes",
+        format!(
+            "{} SIGKILLs, {} restarts ({} failed starts retried)",
+            counts.kills.load(Ordering::Relaxed),
+            counts.restarts.load(Ordering::Relaxed),
+            counts.failed_starts.load(Ordering::Relaxed),
+        ),
+    );
+    row(
+        &mut report,
+        "processor faults",
+        format!(
+            "psp-sim: {:.0} % errors, {:.0} % lost responses, {:.0} % timeouts ({} ms); {} requests for {} payments and {} refunds",
+            stack::PSP_ERROR_RATE * 100.0,
+            stack::PSP_LOST_RESPONSE_RATE * 100.0,
+            stack::PSP_TIMEOUT_RATE * 100.0,
+            stack::PSP_HANG_MS,
+            ledger.requests(),
+            ledger.payments.len(),
+            ledger.refunds.len()
+        ),
+    );
+    row(
+        &mut report,
+        "webhook faults",
+        format!(
+            "receiver: {} answered 500, {} dropped, of {arrived} deliveries; {acknowledged} events acknowledged",
+            receiver.answered_500(),
+            receiver.dropped()
+        ),
+    );
+    row(
+        &mut report,
+        "database at the end",
+        format!(
+            "charges {}; refunds {}; {} events; deliveries {:?}",
+            by_status(snapshot.charges.iter().map(|c| c.status.as_str())),
+            by_status(snapshot.refunds.iter().map(|r| r.status.as_str())),
+            snapshot.events.len(),
+            snapshot.deliveries
+        ),
+    );
+    row(
+        &mut report,
+        "settled",
+        format!(
+            "{} {settle_time:.1?} after the faults stopped (bound {} s)",
+            if settled { "in" } else { "NOT within" },
+            args.settle_secs
+        ),
+    );
+    let _ = writeln!(report, "\n| invariant | checked | result |\n|---|---|---|");
+    let mut ok = true;
+    for verdict in &verdicts {
+        let result = if verdict.violations.is_empty() {
+            "ok".to_owned()
+        } else {
+            ok = false;
+            format!("VIOLATED ({})", verdict.violations.len())
+        };
+        let _ = writeln!(
+            report,
+            "| {} | {} | {result} |",
+            verdict.name, verdict.checked
+        );
+    }
+    let mut offenders = String::new();
+    for verdict in verdicts.iter().filter(|v| !v.violations.is_empty()) {
+        let _ = writeln!(offenders, "\n{}:", verdict.name);
+        for (shown, violation) in verdict.violations.iter().enumerate() {
+            if shown < SHOWN {
+                let _ = writeln!(report, "- {}: {violation}", verdict.name);
+            }
+            let _ = writeln!(offenders, "  {violation}");
+        }
+    }
+    println!("{report}");
+    std::fs::write(out.join("report.md"), format!("{report}{offenders}"))?;
+    say(&format!(
+        "{}; report in {}",
+        if ok {
+            "every invariant holds"
+        } else {
+            "INVARIANTS VIOLATED"
+        },
+        out.join("report.md").display()
+    ));
+    drop(server);
+    Ok(ok)
+}
+
+/// `{"201": 10, …}` as `201 ×10, …`.
+fn describe(statuses: &BTreeMap<String, u64>) -> String {
+    statuses
+        .iter()
+        .map(|(status, count)| format!("{status} ×{count}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn by_status<'a>(statuses: impl Iterator<Item = &'a str>) -> String {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for status in statuses {
+        *counts.entry(status).or_default() += 1;
+    }
+    counts
+        .iter()
+        .map(|(status, count)| format!("{count} {status}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+async fn connect(url: &str) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>)> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .context("connecting to the run's PostgreSQL")?;
+    let task = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok((client, task))
+}
+
+/// Waits until nothing is pending (charges, refunds, deliveries) and every
+/// event was acknowledged by the receiver, or until `bound` after `calm`.
+async fn settle(
+    db: &tokio_postgres::Client,
+    receiver: &receiver::Receiver,
+    calm: Instant,
+    bound: Duration,
+) -> Result<(bool, Snapshot)> {
+    loop {
+        let snapshot = Snapshot::read(db).await?;
+        let unreceived = receiver.with_tally(|tally| {
+            snapshot
+                .events
+                .iter()
+                .filter(|e| !tally.acknowledged.contains_key(&e.id))
+                .count()
+        });
+        let settled = snapshot.pending() == 0 && snapshot.undelivered.is_empty() && unreceived == 0;
+        if settled || calm.elapsed() > bound {
+            return Ok((settled, snapshot));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The merchant's webhook endpoint: every event type, to the receiver.
+async fn create_endpoint(base: &str, secret: &str, url: &str) -> Result<()> {
+    let http = reqwest::Client::new();
+    let body = serde_json::json!({ "url": url }).to_string();
+    let response = http
+        .post(format!("{base}/v1/webhook_endpoints"))
+        .bearer_auth(secret)
+        .header("Idempotency-Key", "chaos-webhook-endpoint")
+        .header("Content-Type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .context("creating the webhook endpoint")?;
+    let status = response.status();
+    if !status.is_success() {
+        bail!(
+            "creating the webhook endpoint: {status} {}",
+            response.text().await.unwrap_or_default()
+        );
+    }
+    Ok(())
+}

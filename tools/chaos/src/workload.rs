@@ -1,0 +1,375 @@
+//! The customers: concurrent clients using `chargeonce-client`, each
+//! attempt to the next instance in turn (round-robin), making charges and
+//! refunds. Every logical operation has one idempotency key, made once and
+//! sent with the same body on every attempt, whichever instance it goes to.
+//! The client runs with `RetryPolicy::no_retries()` and the retry loop is
+//! here, so every answer's status is seen and recorded.
+//!
+//! Scenarios, drawn at random:
+//! - a charge;
+//! - a burst: one key sent at the same moment to every instance, each
+//!   sender retrying until final (every final answer must name one charge);
+//! - a refund race: a charge, then concurrent refunds of it with different
+//!   keys, each of 45 % of it, one per instance (at most two can have the
+//!   money).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chargeonce_client::{Client, Error, IdempotencyKey, NewCharge, NewRefund, RetryPolicy};
+use rand::Rng;
+use tokio::task::JoinSet;
+
+/// The bound on one attempt: past `database.query_timeout_ms` +
+/// `connect_timeout_ms`, so a stalled database gives 503, not a timeout.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(6);
+/// How long a customer keeps at one operation while faults run before
+/// leaving it; it also leaves it when the faults stop. A left operation is
+/// resumed, with its key, once faults stopped.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Charge,
+    Refund,
+}
+
+/// What a logical operation ended as, from the client's side.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// 201 or 402: the object's id and final status.
+    Final { id: String, status: &'static str },
+    /// A final refusal without an object (400 `refund_exceeds_charge`).
+    Refused(String),
+}
+
+/// One logical operation: its key and request, for resuming it.
+#[derive(Debug, Clone)]
+pub struct Operation {
+    pub kind: Kind,
+    pub key: IdempotencyKey,
+    charge: NewCharge,
+    /// For a refund: the charge and the request.
+    refund: Option<(String, NewRefund)>,
+    /// A burst: sent by several senders at once.
+    pub burst: bool,
+}
+
+#[cfg(test)]
+impl Operation {
+    /// A charge or refund operation under `key`, for the checks' tests.
+    pub fn for_test(kind: Kind, key: &str) -> Self {
+        Self {
+            kind,
+            key: IdempotencyKey::from(key),
+            charge: NewCharge::new(1000, "USD"),
+            refund: None,
+            burst: false,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Record {
+    pub operation: Option<Operation>,
+    /// Every final answer any sender got (a burst has several).
+    pub outcomes: Vec<Outcome>,
+}
+
+/// What every customer shares: the clients, the round-robin counter, and
+/// everything seen.
+pub struct Shared {
+    clients: Vec<Client>,
+    next: AtomicUsize,
+    /// Answers by status ("201", …, "no answer"), all phases.
+    pub statuses: Mutex<BTreeMap<String, u64>>,
+    /// Answers that break the documented contract, with key and instance.
+    pub bad_answers: Mutex<Vec<String>>,
+    /// 503s after faults stopped (and the grace period).
+    pub late_503: Mutex<Vec<String>>,
+    /// Operations by key.
+    pub records: Mutex<HashMap<String, Record>>,
+    /// Set once faults stopped; 503 is expected only before this plus the
+    /// grace.
+    pub calm_since: Mutex<Option<Instant>>,
+    pub attempts: AtomicUsize,
+}
+
+/// After faults stop, how long a 503 is still excused (a connection the
+/// pool opened during a partition may still be timing out).
+pub const GRACE: Duration = Duration::from_secs(10);
+
+/// What one attempt told.
+enum Step {
+    Final(Outcome),
+    Retry,
+}
+
+impl Shared {
+    pub fn new(urls: &[String], secret: &str) -> anyhow::Result<Self> {
+        let clients = urls
+            .iter()
+            .map(|url| {
+                Client::builder(url.clone(), secret)
+                    .request_timeout(ATTEMPT_TIMEOUT)
+                    .connect_timeout(Duration::from_secs(2))
+                    .retry_policy(RetryPolicy::no_retries())
+                    .build()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            clients,
+            next: AtomicUsize::new(0),
+            statuses: Mutex::default(),
+            bad_answers: Mutex::default(),
+            late_503: Mutex::default(),
+            records: Mutex::default(),
+            calm_since: Mutex::default(),
+            attempts: AtomicUsize::new(0),
+        })
+    }
+
+    fn next_instance(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % self.clients.len()
+    }
+
+    fn count(&self, status: &str) {
+        *lock(&self.statuses).entry(status.to_owned()).or_default() += 1;
+    }
+
+    fn register(&self, operation: &Operation) {
+        lock(&self.records)
+            .entry(operation.key.as_str().to_owned())
+            .or_default()
+            .operation = Some(operation.clone());
+    }
+
+    fn finish(&self, key: &IdempotencyKey, outcome: Outcome) {
+        lock(&self.records)
+            .entry(key.as_str().to_owned())
+            .or_default()
+            .outcomes
+            .push(outcome);
+    }
+
+    /// One attempt of `operation` on instance `instance`.
+    async fn attempt(&self, operation: &Operation, instance: usize) -> Step {
+        self.attempts.fetch_add(1, Ordering::Relaxed);
+        let client = &self.clients[instance];
+        let result = match &operation.refund {
+            None => client
+                .charge_operation_with_key(&operation.charge, operation.key.clone())
+                .send()
+                .await
+                .map(|charge| Outcome::Final {
+                    id: charge.id,
+                    status: "succeeded",
+                }),
+            Some((charge_id, refund)) => client
+                .refund_operation_with_key(charge_id, refund, operation.key.clone())
+                .send()
+                .await
+                .map(|refund| Outcome::Final {
+                    id: refund.id,
+                    status: "succeeded",
+                }),
+        };
+        let error = match result {
+            Ok(outcome) => {
+                self.count("201");
+                return Step::Final(outcome);
+            }
+            Err(error) => error,
+        };
+        let status = error.status().map(|s| s.as_u16());
+        self.count(&status.map_or_else(|| "no answer".to_owned(), |s| s.to_string()));
+        let key = operation.key.as_str();
+        match (&error, status) {
+            (Error::Declined { charge, .. }, _) => Step::Final(Outcome::Final {
+                id: charge.id.clone(),
+                status: "failed",
+            }),
+            (Error::RefundDeclined { refund, .. }, _) => Step::Final(Outcome::Final {
+                id: refund.id.clone(),
+                status: "failed",
+            }),
+            (Error::RefundExceedsCharge { .. }, _) => {
+                Step::Final(Outcome::Refused("refund_exceeds_charge".to_owned()))
+            }
+            (_, None | Some(202 | 409)) => Step::Retry,
+            (_, Some(503)) => {
+                let calm = *lock(&self.calm_since);
+                if calm.is_some_and(|since| since.elapsed() > GRACE) {
+                    lock(&self.late_503).push(format!("key {key} on instance {instance}"));
+                }
+                Step::Retry
+            }
+            (_, Some(other)) => {
+                lock(&self.bad_answers).push(format!(
+                    "{other} for key {key} on instance {instance}: {error}"
+                ));
+                // A 500 may be passing; the key is resumed like any other.
+                Step::Retry
+            }
+        }
+    }
+
+    /// Sends `operation` until a final answer, or until `deadline` passed,
+    /// starting at instance `first` and going round-robin. The final answer
+    /// is recorded; `false` if there was none.
+    async fn drive(&self, operation: &Operation, first: usize, deadline: Instant) -> bool {
+        let mut instance = first;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            if let Step::Final(outcome) = self.attempt(operation, instance).await {
+                self.finish(&operation.key, outcome);
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(jitter(pause)).await;
+            pause = (pause * 2).min(Duration::from_millis(800));
+            instance = (instance + 1) % self.clients.len();
+        }
+    }
+
+    /// The operations without a final answer yet.
+    pub fn unfinished(&self) -> Vec<Operation> {
+        lock(&self.records)
+            .values()
+            .filter(|record| record.outcomes.is_empty())
+            .filter_map(|record| record.operation.clone())
+            .collect()
+    }
+
+    /// Resumes every unfinished operation with its key, all at once, each
+    /// until `deadline`.
+    pub async fn resume_unfinished(self: &Arc<Self>, deadline: Instant) -> usize {
+        let unfinished = self.unfinished();
+        let count = unfinished.len();
+        let mut tasks = JoinSet::new();
+        for operation in unfinished {
+            let shared = self.clone();
+            tasks.spawn(async move {
+                let first = shared.next_instance();
+                shared.drive(&operation, first, deadline).await;
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+        count
+    }
+}
+
+/// Up to `pause`, at random (full jitter).
+fn jitter(pause: Duration) -> Duration {
+    let millis = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX);
+    Duration::from_millis(rand::thread_rng().gen_range(millis / 2..=millis))
+}
+
+pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Counts of the scenarios run.
+#[derive(Debug, Default)]
+pub struct Scenarios {
+    pub charges: AtomicUsize,
+    pub bursts: AtomicUsize,
+    pub refund_races: AtomicUsize,
+}
+
+/// One customer: scenarios until `until`.
+pub async fn customer(shared: Arc<Shared>, scenarios: Arc<Scenarios>, until: Instant) {
+    while Instant::now() < until {
+        let (roll, amount): (f64, i64) = {
+            let mut rng = rand::thread_rng();
+            (rng.gen(), rng.gen_range(100..100_000))
+        };
+        if roll < 0.55 {
+            scenarios.charges.fetch_add(1, Ordering::Relaxed);
+            let operation = charge_operation(amount, false);
+            shared.register(&operation);
+            let first = shared.next_instance();
+            shared.drive(&operation, first, deadline(until)).await;
+        } else if roll < 0.75 {
+            scenarios.bursts.fetch_add(1, Ordering::Relaxed);
+            burst(&shared, amount, until).await;
+        } else {
+            scenarios.refund_races.fetch_add(1, Ordering::Relaxed);
+            refund_race(&shared, amount, until).await;
+        }
+    }
+}
+
+/// An operation's deadline while faults run: its patience, at most until
+/// the faults stop.
+fn deadline(until: Instant) -> Instant {
+    (Instant::now() + PATIENCE).min(until)
+}
+
+fn charge_operation(amount: i64, burst: bool) -> Operation {
+    Operation {
+        kind: Kind::Charge,
+        key: IdempotencyKey::new(),
+        charge: NewCharge::new(amount, "USD").description("chaos"),
+        refund: None,
+        burst,
+    }
+}
+
+/// One key, sent to every instance at the same moment.
+async fn burst(shared: &Arc<Shared>, amount: i64, until: Instant) {
+    let operation = charge_operation(amount, true);
+    shared.register(&operation);
+    let mut senders = JoinSet::new();
+    for instance in 0..shared.clients.len() {
+        let shared = shared.clone();
+        let operation = operation.clone();
+        senders.spawn(async move { shared.drive(&operation, instance, deadline(until)).await });
+    }
+    while senders.join_next().await.is_some() {}
+}
+
+/// A charge, then one refund per instance, concurrently, with different
+/// keys, each of 45 % of the charge.
+async fn refund_race(shared: &Arc<Shared>, amount: i64, until: Instant) {
+    let operation = charge_operation(amount, false);
+    shared.register(&operation);
+    let first = shared.next_instance();
+    if !shared.drive(&operation, first, deadline(until)).await {
+        return;
+    }
+    let charge_id = {
+        let records = lock(&shared.records);
+        match records
+            .get(operation.key.as_str())
+            .and_then(|r| r.outcomes.first())
+        {
+            Some(Outcome::Final {
+                id,
+                status: "succeeded",
+            }) => id.clone(),
+            _ => return,
+        }
+    };
+    let mut refunds = JoinSet::new();
+    for instance in 0..shared.clients.len() {
+        let refund = Operation {
+            kind: Kind::Refund,
+            key: IdempotencyKey::new(),
+            charge: operation.charge.clone(),
+            refund: Some((
+                charge_id.clone(),
+                NewRefund::new().amount(amount * 45 / 100),
+            )),
+            burst: false,
+        };
+        shared.register(&refund);
+        let shared = shared.clone();
+        refunds.spawn(async move { shared.drive(&refund, instance, deadline(until)).await });
+    }
+    while refunds.join_next().await.is_some() {}
+}
