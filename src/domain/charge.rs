@@ -209,6 +209,119 @@ mod tests {
         fields
     }
 
+    /// The messages of `body`'s errors, by field.
+    fn messages(body: Value) -> Vec<(String, String)> {
+        NewCharge::parse(&body)
+            .expect_err("invalid")
+            .into_iter()
+            .map(|e| (e.field, e.message))
+            .collect()
+    }
+
+    fn amount_message(amount: Value) -> String {
+        let errors = messages(json!({"amount": amount, "currency": "USD"}));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        errors[0].1.clone()
+    }
+
+    #[test]
+    fn each_bad_amount_gets_the_message_that_says_why() {
+        assert!(amount_message(Value::Null).starts_with("required"));
+        assert_eq!(amount_message(json!(0)), "must be greater than 0");
+        assert_eq!(amount_message(json!(-5)), "must be greater than 0");
+        assert_eq!(
+            amount_message(json!(100_000_000_000i64)),
+            "must be at most 99999999999"
+        );
+        assert_eq!(
+            amount_message(json!(u64::MAX)),
+            "must be at most 99999999999"
+        );
+        assert_eq!(
+            amount_message(json!(12.5)),
+            "must be an integer number of minor units"
+        );
+        assert_eq!(
+            amount_message(json!("12")),
+            "must be an integer number of minor units"
+        );
+        let missing = messages(json!({"currency": "USD"}));
+        assert!(missing[0].1.starts_with("required"), "{missing:?}");
+        for ok in [1, 99_999_999_999i64] {
+            assert!(NewCharge::parse(&json!({"amount": ok, "currency": "USD"})).is_ok());
+        }
+    }
+
+    /// Every limit at its exact edge: the limit passes, one more fails.
+    #[test]
+    fn limits_hold_at_their_exact_edges() {
+        let with = |member: &str, value: Value| {
+            let mut body = json!({"amount": 100, "currency": "USD"});
+            body[member] = value;
+            NewCharge::parse(&body)
+                .map(|_| ())
+                // The field, without the entry a metadata error names.
+                .map_err(|errors| {
+                    errors
+                        .into_iter()
+                        .map(|e| e.field.split('.').next().unwrap_or_default().to_owned())
+                        .collect::<Vec<_>>()
+                })
+        };
+        let entries = |n: usize, key_len: usize, value_len: usize| -> Value {
+            (0..n)
+                .map(|i| {
+                    let key = format!("{i:0>width$}", width = key_len);
+                    (key, json!("v".repeat(value_len)))
+                })
+                .collect::<Map<String, Value>>()
+                .into()
+        };
+        assert!(with("metadata", entries(50, 3, 1)).is_ok());
+        assert_eq!(
+            with("metadata", entries(51, 3, 1)),
+            Err(vec!["metadata".to_owned()])
+        );
+        assert!(with("metadata", entries(1, 40, 1)).is_ok());
+        assert_eq!(
+            with("metadata", entries(1, 41, 1)),
+            Err(vec!["metadata".to_owned()])
+        );
+        assert!(with("metadata", json!({"": "v"})).is_err(), "an empty key");
+        assert!(with("metadata", entries(1, 3, 500)).is_ok());
+        assert_eq!(
+            with("metadata", entries(1, 3, 501)),
+            Err(vec!["metadata".to_owned()])
+        );
+        assert!(
+            with("metadata", json!({"k": 1})).is_err(),
+            "values are strings"
+        );
+        assert!(with("customer", json!("c".repeat(255))).is_ok());
+        assert_eq!(
+            with("customer", json!("c".repeat(256))),
+            Err(vec!["customer".to_owned()])
+        );
+        assert!(with("description", json!("d".repeat(1000))).is_ok());
+        assert_eq!(
+            with("description", json!("d".repeat(1001))),
+            Err(vec!["description".to_owned()])
+        );
+        // Characters, not bytes.
+        assert!(with("customer", json!("é".repeat(255))).is_ok());
+    }
+
+    #[test]
+    fn every_status_parses_and_nothing_else_does() {
+        use crate::domain::Status;
+        for status in [Status::Pending, Status::Succeeded, Status::Failed] {
+            assert_eq!(Status::parse(status.as_str()), Some(status));
+        }
+        for other in ["", "Pending", "refunded", "succeeded "] {
+            assert_eq!(Status::parse(other), None, "{other:?}");
+        }
+    }
+
     #[test]
     fn parses_a_full_request() {
         let charge = NewCharge::parse(&json!({
