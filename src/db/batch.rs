@@ -149,16 +149,17 @@ impl<S: BatchStatement> Shared<S> {
         }
     }
 
+    /// The statement for `items` on a connection of the pool.
+    async fn run_on_a_connection(&self, items: &[S::Item]) -> Result<Vec<S::Output>, DbError> {
+        let conn = self.db.conn().await?;
+        self.statement.run(&conn, items).await
+    }
+
     async fn run_batch(&self, batch: Vec<Waiting<S>>) {
         crate::metrics::batch_rows(self.statement.name(), batch.len());
         let (items, replies): (Vec<_>, Vec<_>) =
             batch.into_iter().map(|w| (w.item, w.reply)).unzip();
-        let ran = async {
-            let conn = self.db.conn().await?;
-            self.statement.run(&conn, &items).await
-        }
-        .await;
-        match ran {
+        match self.run_on_a_connection(&items).await {
             Ok(outputs) if outputs.len() == items.len() => {
                 for (reply, output) in replies.into_iter().zip(outputs) {
                     let _ = reply.send(Ok(output));
@@ -177,17 +178,17 @@ impl<S: BatchStatement> Shared<S> {
             Err(error) => {
                 tracing::debug!(statement = self.statement.name(), error = %crate::telemetry::error_chain(&error), "batch failed; running its rows one by one");
                 for (item, reply) in items.iter().zip(replies) {
-                    let alone = async {
-                        let conn = self.db.conn().await?;
-                        let mut outputs = self
-                            .statement
-                            .run(&conn, std::slice::from_ref(item))
-                            .await?;
-                        outputs.pop().ok_or_else(|| {
-                            DbError::Decode(format!("{} answered no row", self.statement.name()))
-                        })
-                    }
-                    .await;
+                    let alone = self
+                        .run_on_a_connection(std::slice::from_ref(item))
+                        .await
+                        .and_then(|mut outputs| {
+                            outputs.pop().ok_or_else(|| {
+                                DbError::Decode(format!(
+                                    "{} answered no row",
+                                    self.statement.name()
+                                ))
+                            })
+                        });
                     let _ = reply.send(alone);
                 }
             }

@@ -550,18 +550,16 @@ pub async fn record_outcomes(
     conn: &Conn,
     items: &[(Charge, Outcome)],
 ) -> Result<Vec<Option<Charge>>, DbError> {
-    let record_all = || {
-        futures_util::future::try_join_all(
-            items
-                .iter()
-                .map(|(charge, outcome)| record_outcome(conn, charge, outcome)),
-        )
-    };
     if let [(charge, outcome)] = items {
         // Alone, the statement is its own transaction: no BEGIN and COMMIT.
         return Ok(vec![record_outcome(conn, charge, outcome).await?]);
     }
-    conn.transaction(async { Ok(Decision::Commit(record_all().await?)) })
+    let all = futures_util::future::try_join_all(
+        items
+            .iter()
+            .map(|(charge, outcome)| record_outcome(conn, charge, outcome)),
+    );
+    conn.transaction(async { Ok(Decision::Commit(all.await?)) })
         .await
 }
 
