@@ -154,7 +154,8 @@ pub const TAKE_OVER_OR_READ: Statement = Statement {
         "WITH taken AS ( \
              UPDATE charges SET locked_until = now() + $2::bigint * interval '1 millisecond', \
                                 updated_at = now() \
-              WHERE id = $1 AND status IS NOT DISTINCT FROM 'pending' AND locked_until <= now() \
+              WHERE id = $1 AND merchant_id = $3 \
+                AND status IS NOT DISTINCT FROM 'pending' AND locked_until <= now() \
               RETURNING ",
         charge_columns!(),
         ") SELECT ",
@@ -164,9 +165,9 @@ pub const TAKE_OVER_OR_READ: Statement = Statement {
          SELECT ",
         charge_columns!(),
         ", false AS taken FROM charges \
-          WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
+          WHERE id = $1 AND merchant_id = $3 AND NOT EXISTS (SELECT 1 FROM taken)"
     ),
-    params: &[Type::UUID, Type::INT8],
+    params: &[Type::UUID, Type::INT8, Type::UUID],
 };
 
 /// Pending charges whose lease ran out and whose backoff has passed.
@@ -197,7 +198,8 @@ pub const RECORD_UNKNOWN: Statement = Statement {
                                 processor_attempts = processor_attempts + 1, \
                                 next_attempt_at = now() + $3::bigint * interval '1 millisecond', \
                                 updated_at = now() \
-              WHERE id = $1 AND status IS NOT DISTINCT FROM 'pending' AND locked_until = $2 \
+              WHERE id = $1 AND merchant_id = $6 \
+                AND status IS NOT DISTINCT FROM 'pending' AND locked_until = $2 \
               RETURNING ",
         charge_columns!(),
         "), event AS ( \
@@ -215,6 +217,7 @@ pub const RECORD_UNKNOWN: Statement = Statement {
         Type::INT8,
         Type::UUID,
         Type::JSONB,
+        Type::UUID,
     ],
 };
 
@@ -242,7 +245,7 @@ pub const RECORD_OUTCOME: Statement = Statement {
              UPDATE charges SET status = $2, failure_code = $3, failure_message = $4, \
                                 processor_payment_id = $5, locked_until = NULL, \
                                 updated_at = now() \
-              WHERE id = $1 AND status IS NOT DISTINCT FROM 'pending' \
+              WHERE id = $1 AND merchant_id = $8 AND status IS NOT DISTINCT FROM 'pending' \
               RETURNING ",
         charge_columns!(),
         "), event AS ( \
@@ -260,6 +263,7 @@ pub const RECORD_OUTCOME: Statement = Statement {
         Type::TEXT,
         Type::UUID,
         Type::JSONB,
+        Type::UUID,
     ],
 };
 
@@ -475,11 +479,15 @@ pub async fn list(
 /// whether the lease is now ours.
 pub async fn take_over_or_read(
     conn: &Conn,
+    merchant: MerchantId,
     id: ChargeId,
     lease: Duration,
 ) -> Result<Option<(Charge, bool)>, DbError> {
     let row = conn
-        .query_opt(&TAKE_OVER_OR_READ, &[id.as_uuid(), &lease_ms(lease)])
+        .query_opt(
+            &TAKE_OVER_OR_READ,
+            &[id.as_uuid(), &lease_ms(lease), merchant.as_uuid()],
+        )
         .await?;
     row.map(|row| Ok((decode(&row)?, column(&row, "taken")?)))
         .transpose()
@@ -520,6 +528,7 @@ pub async fn record_unknown(
                 &lease_ms(retry_in),
                 &Uuid::now_v7(),
                 &Json(charge),
+                charge.merchant_id.as_uuid(),
             ],
         )
         .await?;
@@ -580,6 +589,7 @@ async fn record_outcome(
                 &payment_id,
                 &Uuid::now_v7(),
                 &Json(charge.with_outcome(outcome).as_created()),
+                charge.merchant_id.as_uuid(),
             ],
         )
         .await?;

@@ -126,7 +126,8 @@ pub const TAKE_OVER_OR_READ: Statement = Statement {
         "WITH taken AS ( \
              UPDATE refunds SET locked_until = now() + $2::bigint * interval '1 millisecond', \
                                 updated_at = now() \
-              WHERE id = $1 AND status IS NOT DISTINCT FROM 'pending' AND locked_until <= now() \
+              WHERE id = $1 AND merchant_id = $3 \
+                AND status IS NOT DISTINCT FROM 'pending' AND locked_until <= now() \
               RETURNING ",
         refund_columns!(),
         ") SELECT ",
@@ -136,9 +137,9 @@ pub const TAKE_OVER_OR_READ: Statement = Statement {
          SELECT ",
         refund_columns!(),
         ", false AS taken FROM refunds \
-          WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
+          WHERE id = $1 AND merchant_id = $3 AND NOT EXISTS (SELECT 1 FROM taken)"
     ),
-    params: &[Type::UUID, Type::INT8],
+    params: &[Type::UUID, Type::INT8, Type::UUID],
 };
 
 pub const CLAIM_ABANDONED: Statement = Statement {
@@ -166,7 +167,7 @@ pub const RECORD_OUTCOME: Statement = Statement {
              UPDATE refunds SET status = $2, failure_code = $3, failure_message = $4, \
                                 processor_refund_id = $5, locked_until = NULL, \
                                 updated_at = now() \
-              WHERE id = $1 AND status IS NOT DISTINCT FROM 'pending' \
+              WHERE id = $1 AND merchant_id = $8 AND status IS NOT DISTINCT FROM 'pending' \
               RETURNING ",
         refund_columns!(),
         "), charge AS ( \
@@ -193,6 +194,7 @@ pub const RECORD_OUTCOME: Statement = Statement {
         Type::TEXT,
         Type::UUID,
         Type::JSONB,
+        Type::UUID,
     ],
 };
 
@@ -205,7 +207,8 @@ pub const RECORD_UNKNOWN: Statement = Statement {
                                 processor_attempts = processor_attempts + 1, \
                                 next_attempt_at = now() + $3::bigint * interval '1 millisecond', \
                                 updated_at = now() \
-              WHERE id = $1 AND status IS NOT DISTINCT FROM 'pending' AND locked_until = $2 \
+              WHERE id = $1 AND merchant_id = $6 \
+                AND status IS NOT DISTINCT FROM 'pending' AND locked_until = $2 \
               RETURNING ",
         refund_columns!(),
         "), event AS ( \
@@ -223,6 +226,7 @@ pub const RECORD_UNKNOWN: Statement = Statement {
         Type::INT8,
         Type::UUID,
         Type::JSONB,
+        Type::UUID,
     ],
 };
 
@@ -392,11 +396,15 @@ pub async fn list(
 
 pub async fn take_over_or_read(
     conn: &Conn,
+    merchant: MerchantId,
     id: RefundId,
     lease: Duration,
 ) -> Result<Option<(Refund, bool)>, DbError> {
     let row = conn
-        .query_opt(&TAKE_OVER_OR_READ, &[id.as_uuid(), &lease_ms(lease)])
+        .query_opt(
+            &TAKE_OVER_OR_READ,
+            &[id.as_uuid(), &lease_ms(lease), merchant.as_uuid()],
+        )
         .await?;
     row.map(|row| Ok((decode(&row)?, column(&row, "taken")?)))
         .transpose()
@@ -430,6 +438,7 @@ pub async fn record_outcome(
                 &processor_refund_id,
                 &Uuid::now_v7(),
                 &Json(refund.with_outcome(outcome)),
+                refund.merchant_id.as_uuid(),
             ],
         )
         .await?;
@@ -451,6 +460,7 @@ pub async fn record_unknown(
                 &lease_ms(retry_in),
                 &Uuid::now_v7(),
                 &Json(refund),
+                refund.merchant_id.as_uuid(),
             ],
         )
         .await?;

@@ -224,10 +224,11 @@ impl Kind for ChargeKind {
     async fn take_over_or_read(
         &self,
         conn: &Conn,
+        merchant: MerchantId,
         id: Uuid,
         lease: Duration,
     ) -> Result<Option<(Charge, bool)>, DbError> {
-        db::charges::take_over_or_read(conn, ChargeId::from_uuid(id), lease).await
+        db::charges::take_over_or_read(conn, merchant, ChargeId::from_uuid(id), lease).await
     }
 
     async fn claim_abandoned(

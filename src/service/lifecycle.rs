@@ -103,6 +103,7 @@ pub trait Kind: Send + Sync + 'static {
     async fn take_over_or_read(
         &self,
         conn: &Conn,
+        merchant: MerchantId,
         id: Uuid,
         lease: Duration,
     ) -> Result<Option<(Self::Record, bool)>, DbError>;
@@ -328,7 +329,7 @@ impl<K: Kind> Lifecycle<K> {
             let found = {
                 let conn = self.db.conn().await?;
                 self.kind
-                    .take_over_or_read(&conn, record.uuid(), self.lease)
+                    .take_over_or_read(&conn, record.merchant(), record.uuid(), self.lease)
                     .await?
             };
             let Some((current, taken)) = found else {

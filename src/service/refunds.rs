@@ -210,10 +210,11 @@ impl Kind for RefundKind {
     async fn take_over_or_read(
         &self,
         conn: &Conn,
+        merchant: MerchantId,
         id: Uuid,
         lease: Duration,
     ) -> Result<Option<(Refund, bool)>, DbError> {
-        db::refunds::take_over_or_read(conn, RefundId::from_uuid(id), lease).await
+        db::refunds::take_over_or_read(conn, merchant, RefundId::from_uuid(id), lease).await
     }
 
     async fn claim_abandoned(

@@ -81,3 +81,218 @@ async fn the_key_check_accepts_exactly_the_keys_the_service_accepts() {
         "{definitions:#?}"
     );
 }
+
+/// Tables that are not distributed by merchant: the tenant table itself,
+/// the key lookup (found by digest before the merchant is known) and
+/// refinery's history. docs/scaling.md: reference tables on Citus.
+const NOT_PER_MERCHANT: [&str; 3] = ["merchants", "api_keys", "refinery_schema_history"];
+
+/// Statements that work for every merchant by design (the background
+/// workers' scans, docs/scaling.md "Background workers"), or that read only
+/// the tables above.
+const ACROSS_MERCHANTS: [&str; 12] = [
+    "charges::CLAIM_ABANDONED",
+    "charges::RELEASE_EXPIRED_KEYS",
+    "refunds::CLAIM_ABANDONED",
+    "refunds::RELEASE_EXPIRED_KEYS",
+    "events::FAN_OUT",
+    "events::DELETE_EXPIRED",
+    "events::BACKLOG",
+    "webhook_deliveries::CLAIM_DUE",
+    "merchants::CREATE",
+    "merchants::ENSURE",
+    "merchants::FIND_BY_DIGEST",
+    "db::APPLIED_MIGRATION",
+];
+
+/// Ready for distribution on `merchant_id` (Citus requires it of a
+/// distributed table): every primary key, unique constraint and unique
+/// index of a per-merchant table includes `merchant_id`, and so does every
+/// foreign key between two of them. A table without `merchant_id` must be
+/// one of the known exceptions, so a new table cannot slip past.
+#[tokio::test]
+async fn every_key_of_a_per_merchant_table_includes_merchant_id() {
+    let database = migrated_database().await;
+    let client = database.client().await;
+    let tables: Vec<(String, bool)> = client
+        .query(
+            "SELECT c.relname::text, \
+                    EXISTS (SELECT 1 FROM pg_attribute a \
+                             WHERE a.attrelid = c.oid AND a.attname = 'merchant_id' \
+                               AND NOT a.attisdropped) \
+               FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+              WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') \
+              ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let per_merchant: Vec<&str> = tables
+        .iter()
+        .filter(|(name, _)| !NOT_PER_MERCHANT.contains(&name.as_str()))
+        .map(|(name, _)| name.as_str())
+        .collect();
+    for (name, has_merchant) in &tables {
+        assert!(
+            *has_merchant || NOT_PER_MERCHANT.contains(&name.as_str()),
+            "table {name} has no merchant_id and is not a known exception"
+        );
+    }
+    assert_eq!(
+        per_merchant,
+        [
+            "charges",
+            "events",
+            "refunds",
+            "webhook_attempts",
+            "webhook_deliveries",
+            "webhook_endpoints"
+        ]
+    );
+
+    // Unique indexes cover primary keys and unique constraints too.
+    let unique: Vec<(String, String, String)> = client
+        .query(
+            "SELECT t.relname::text, i.relname::text, pg_get_indexdef(i.oid) \
+               FROM pg_index x \
+               JOIN pg_class i ON i.oid = x.indexrelid \
+               JOIN pg_class t ON t.oid = x.indrelid \
+               JOIN pg_namespace n ON n.oid = t.relnamespace \
+              WHERE n.nspname = 'public' AND x.indisunique \
+                AND t.relname = ANY($1) \
+                AND NOT EXISTS (SELECT 1 FROM pg_attribute a \
+                                 WHERE a.attrelid = t.oid AND a.attname = 'merchant_id' \
+                                   AND a.attnum = ANY(x.indkey))",
+            &[&per_merchant],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect();
+    assert!(unique.is_empty(), "unique without merchant_id: {unique:#?}");
+    let counted: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_index x JOIN pg_class t ON t.oid = x.indrelid \
+              WHERE x.indisunique AND t.relname = ANY($1)",
+            &[&per_merchant],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        counted >= 13,
+        "primary keys and uniques were found ({counted})"
+    );
+
+    let foreign: Vec<(String, String)> = client
+        .query(
+            "SELECT conname::text, pg_get_constraintdef(c.oid) \
+               FROM pg_constraint c \
+               JOIN pg_class t ON t.oid = c.conrelid \
+               JOIN pg_class r ON r.oid = c.confrelid \
+              WHERE c.contype = 'f' AND t.relname = ANY($1) AND r.relname = ANY($1) \
+                AND NOT (EXISTS (SELECT 1 FROM pg_attribute a \
+                                  WHERE a.attrelid = t.oid AND a.attname = 'merchant_id' \
+                                    AND a.attnum = ANY(c.conkey)) \
+                     AND EXISTS (SELECT 1 FROM pg_attribute a \
+                                  WHERE a.attrelid = r.oid AND a.attname = 'merchant_id' \
+                                    AND a.attnum = ANY(c.confkey)))",
+            &[&per_merchant],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert!(
+        foreign.is_empty(),
+        "foreign keys without merchant_id: {foreign:#?}"
+    );
+}
+
+/// The conditions of each scan in an EXPLAIN text: the node's line (with
+/// the relation it reads, after " on ") and its detail lines.
+fn scans(plan: &str) -> Vec<(String, Vec<String>)> {
+    let mut scans: Vec<(String, Vec<String>)> = Vec::new();
+    let mut current: Option<usize> = None;
+    for line in plan.lines() {
+        let text = line.trim_start().trim_start_matches("-> ").trim_start();
+        let is_node = line.contains("->") || !line.starts_with(' ');
+        if is_node {
+            current = None;
+            // "Index Scan using charges_pkey on charges c  (cost=…)"; a
+            // bitmap index scan names an index, its heap scan the table;
+            // CTE, function and subquery scans read no table.
+            const TABLE_SCANS: [&str; 5] = [
+                "Seq Scan",
+                "Index Scan",
+                "Index Only Scan",
+                "Bitmap Heap Scan",
+                "Tid Scan",
+            ];
+            if TABLE_SCANS.iter().any(|scan| text.starts_with(scan)) {
+                if let Some((_, after)) = text.split_once(" on ") {
+                    let relation = after.split_whitespace().next().unwrap_or("").to_owned();
+                    scans.push((relation, Vec::new()));
+                    current = Some(scans.len() - 1);
+                }
+            }
+        } else if let Some(index) = current {
+            scans[index].1.push(text.to_owned());
+        }
+    }
+    scans
+}
+
+/// Ready for routing to one node: every statement the request path runs
+/// reads a per-merchant table only by conditions that include the merchant
+/// (a parameter, or the merchant of a row the same statement found by it),
+/// checked in the generic plans PostgreSQL makes for them. Before, six
+/// statements (the takeover, the unknown and the final outcome of charges
+/// and refunds) found their row by `id` alone. Inserts carry their
+/// merchant as a value; the workers' scans are the listed exceptions.
+#[tokio::test]
+async fn every_request_path_statement_filters_by_merchant() {
+    let database = migrated_database().await;
+    let client = database.client().await;
+    let mut checked = 0;
+    let mut unpinned = Vec::new();
+    for (name, statement) in chargeonce::db::ALL_STATEMENTS {
+        if ACROSS_MERCHANTS.contains(name) {
+            continue;
+        }
+        let plan = crate::plans::generic_plan(&client, statement).await;
+        for (relation, conditions) in scans(&plan) {
+            if NOT_PER_MERCHANT.contains(&relation.as_str()) {
+                continue;
+            }
+            checked += 1;
+            if !conditions
+                .iter()
+                .any(|c| c.contains("Cond:") || c.starts_with("Filter:"))
+                || !conditions.iter().any(|c| c.contains("merchant_id = "))
+            {
+                unpinned.push(format!("{name} reads {relation}:\n{plan}"));
+            }
+        }
+    }
+    assert!(unpinned.is_empty(), "{}", unpinned.join("\n\n"));
+    assert!(checked >= 30, "scans were found ({checked})");
+
+    // The exceptions are exactly the statements that do not pin a
+    // merchant: one that does belongs above.
+    for name in ACROSS_MERCHANTS {
+        let (_, statement) = chargeonce::db::ALL_STATEMENTS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .unwrap_or_else(|| panic!("{name} is not a statement"));
+        assert!(
+            !statement.sql.contains("merchant_id = $"),
+            "{name} filters by merchant: it is not an exception"
+        );
+    }
+}

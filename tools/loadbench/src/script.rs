@@ -249,6 +249,7 @@ pub fn own_sql_new() -> Result<String> {
             Value::sql(PAYMENT_ID_SQL),
             Value::sql(NEW_ID_SQL), // the event's id
             Value::var("payload"),
+            Value::var("claim_merchant_id"),
         ],
         Some("outcome_"),
     )?);
@@ -445,7 +446,9 @@ mod tests {
         assert!(new.contains("('pgb-' || :run || '-' || :k)::text"));
         assert!(new.contains(" \\gset claim_\n"));
         assert!(new.contains("FROM unnest(ARRAY["), "a batch of one: {new}");
-        assert!(new.contains("WHERE id = :claim_id::uuid"));
+        assert!(
+            new.contains("WHERE id = :claim_id::uuid AND merchant_id = :claim_merchant_id::uuid")
+        );
         assert!(new.contains(" \\gset outcome_\n"));
         assert!(!new.contains('$'), "{new}");
 
