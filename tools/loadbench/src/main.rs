@@ -30,7 +30,9 @@
 //! client), `scenario` (what the clients send), `stats` (latencies and
 //! statuses), `proc` (CPU and memory from /proc), `database` (the bench
 //! database), `capture` (pg_stat_statements), `script` (pgbench scripts),
-//! `pgbench` (running it), `report` (the Markdown report and the targets).
+//! `pgbench` (running it), `report` (the Markdown report and the targets),
+//! `sustain` (the sustained run: a steady share of the maximum for minutes,
+//! memory sampled each second).
 
 mod capture;
 mod database;
@@ -42,6 +44,7 @@ mod scenario;
 mod script;
 mod service;
 mod stats;
+mod sustain;
 
 use std::fmt::Display;
 use std::fs;
@@ -76,6 +79,16 @@ struct Args {
     /// works; its numbers mean little.
     #[arg(long)]
     quick: bool,
+
+    /// Instead of the benchmark: measure the mix's maximum throughput, then
+    /// hold `--load-percent` of it for this many seconds, sampling the
+    /// service's memory each second (sustain.md, sustain.csv).
+    #[arg(long, value_name = "SECONDS", conflicts_with = "quick")]
+    sustain: Option<u64>,
+
+    /// The share of the maximum throughput a sustained run offers.
+    #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u32).range(1..=100))]
+    load_percent: u32,
 
     /// The release `chargeonce` binary to measure [default: `chargeonce`
     /// next to this program, i.e. target/release/chargeonce].
@@ -160,6 +173,27 @@ async fn run(args: Args) -> Result<()> {
     let out_dir = output_dir(args.out)?;
     let database = BenchDatabase::create(&args.admin_url).await?;
 
+    if let Some(seconds) = args.sustain {
+        let length = Duration::from_secs(seconds);
+        let outcome = tokio::select! {
+            outcome = sustain(&plan, &binary, &database, &out_dir, length, args.load_percent) => outcome,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        };
+        database.close();
+        let command = format!(
+            "scripts/bench --sustain {seconds} --load-percent {}",
+            args.load_percent
+        );
+        let markdown = outcome?.write(&out_dir, &command)?;
+        println!("{markdown}");
+        say(format!(
+            "done in {:.0} s; sustain.md and sustain.csv written to {}",
+            started.elapsed().as_secs_f64(),
+            out_dir.display()
+        ));
+        return Ok(());
+    }
+
     // The service and pgbench live inside `measure`: they are killed when
     // that future ends or is dropped (Ctrl-C), before the database goes.
     let outcome = tokio::select! {
@@ -180,6 +214,70 @@ async fn run(args: Args) -> Result<()> {
         report_path.display()
     ));
     Ok(())
+}
+
+/// The bench database migrated, with its merchant; the merchant's API key.
+async fn migrate_and_create_merchant(
+    binary: &ServiceBinary,
+    database: &BenchDatabase,
+    out_dir: &Path,
+) -> Result<String> {
+    say("migrating and creating the merchant");
+    binary.cli(&database.url, &["migrate"], out_dir).await?;
+    let api_key = binary
+        .cli(&database.url, &["merchant", "create", "Bench"], out_dir)
+        .await?;
+    if api_key.is_empty() {
+        bail!("`chargeonce merchant create` printed no API key");
+    }
+    Ok(api_key)
+}
+
+/// Creates the charges replays re-send, then gathers statistics, as
+/// autovacuum does within a minute on a table in use. Without them, a
+/// generic plan cached while the table was new may look a replay's key up
+/// through the merchant's listing index (reading every charge of the
+/// merchant) until the first autoanalyze, for the service and for pgbench
+/// alike; ANALYZE drops those cached plans.
+async fn fill_replay_pool(
+    plan: &Plan,
+    api: &Api,
+    database: &BenchDatabase,
+    binary: &ServiceBinary,
+    service: &mut chargeonce_testkit::Spawned,
+    out_dir: &Path,
+) -> Result<()> {
+    say(format!(
+        "creating {} charges for the replays",
+        plan.pool_size
+    ));
+    let pool_keys: Vec<String> = (0..plan.pool_size).map(scenario::pool_key).collect();
+    let filled = scenario::send_all(api, POOL_FILL_CONNECTIONS, &pool_keys).await;
+    or_explain(filled, binary, service, out_dir)
+        .await?
+        .require_success("creating the charges for the replays")?;
+    database
+        .client
+        .batch_execute("ANALYZE")
+        .await
+        .context("ANALYZE after creating the replay pool")
+}
+
+/// The sustained run, between creating the database and dropping it.
+async fn sustain(
+    plan: &Plan,
+    binary: &ServiceBinary,
+    database: &BenchDatabase,
+    out_dir: &Path,
+    length: Duration,
+    percent: u32,
+) -> Result<sustain::Sustained> {
+    let api_key = migrate_and_create_merchant(binary, database, out_dir).await?;
+    let mut service = binary.start(&database.url, out_dir).await;
+    let api = Api::new(service.port, &api_key)?;
+    fill_replay_pool(plan, &api, database, binary, &mut service, out_dir).await?;
+    let run = sustain::run(&api, plan, service.pid(), length, percent).await;
+    or_explain(run, binary, &mut service, out_dir).await
 }
 
 /// The output folder, emptied of the previous run's service log.
@@ -208,14 +306,7 @@ async fn measure(
 ) -> Result<Report> {
     let machine = database.machine().await?;
 
-    say("migrating and creating the merchant");
-    binary.cli(&database.url, &["migrate"], out_dir).await?;
-    let api_key = binary
-        .cli(&database.url, &["merchant", "create", "Bench"], out_dir)
-        .await?;
-    if api_key.is_empty() {
-        bail!("`chargeonce merchant create` printed no API key");
-    }
+    let api_key = migrate_and_create_merchant(binary, database, out_dir).await?;
 
     // Start-to-ready, before anything else loads the machine.
     let ready = binary.start_to_ready(&database.url, out_dir).await;
@@ -253,26 +344,9 @@ async fn measure(
     let mut service = binary.start(&database.url, out_dir).await;
     let api = Api::new(service.port, &api_key)?;
 
-    say(format!(
-        "creating {} charges for the replays, and the floor's table",
-        plan.pool_size
-    ));
-    let pool_keys: Vec<String> = (0..plan.pool_size).map(scenario::pool_key).collect();
-    let filled = scenario::send_all(&api, POOL_FILL_CONNECTIONS, &pool_keys).await;
-    or_explain(filled, binary, &mut service, out_dir)
-        .await?
-        .require_success("creating the charges for the replays")?;
+    // The floor's table first: the ANALYZE after the pool covers it too.
     database.create_floor(plan.pool_size).await?;
-    // Statistics, as autovacuum gathers them within a minute on a table in
-    // use. Without them, a generic plan cached while the table was new may
-    // look a replay's key up through the merchant's listing index (reading
-    // every charge of the merchant) until the first autoanalyze, for the
-    // service and for pgbench alike; ANALYZE drops those cached plans.
-    database
-        .client
-        .batch_execute("ANALYZE")
-        .await
-        .context("ANALYZE after creating the replay pool")?;
+    fill_replay_pool(plan, &api, database, binary, &mut service, out_dir).await?;
 
     let values = script::ServiceValues::read(&database.client).await?;
     let pgbench = Pgbench::write_scripts(database.url.clone(), &values, plan, out_dir)?;

@@ -97,16 +97,25 @@ pub async fn cpu_between(from: Instant, until: Instant, service_pid: u32) -> Res
 
 /// VmHWM: the most resident memory the process has had, in bytes.
 pub fn peak_rss_bytes(pid: u32) -> Result<u64> {
-    let path = format!("/proc/{pid}/status");
-    let status = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-    vm_hwm_bytes(&status).with_context(|| format!("no VmHWM in {path}"))
+    status_bytes(pid, "VmHWM:")
 }
 
-/// `VmHWM:    13108 kB` → bytes.
-fn vm_hwm_bytes(status: &str) -> Option<u64> {
+/// VmRSS: the process's resident memory now, in bytes.
+pub fn rss_bytes(pid: u32) -> Result<u64> {
+    status_bytes(pid, "VmRSS:")
+}
+
+fn status_bytes(pid: u32, field: &str) -> Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let status = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    kib_field_bytes(&status, field).with_context(|| format!("no {field} in {path}"))
+}
+
+/// `VmHWM:    13108 kB` → bytes, for `field` "VmHWM:".
+fn kib_field_bytes(status: &str, field: &str) -> Option<u64> {
     let kib: u64 = status
         .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))?
+        .find_map(|line| line.strip_prefix(field))?
         .trim()
         .strip_suffix("kB")?
         .trim()
@@ -141,16 +150,18 @@ mod tests {
     }
 
     #[test]
-    fn peak_rss_comes_from_vm_hwm() {
+    fn peak_rss_comes_from_vm_hwm_and_current_rss_from_vm_rss() {
         let status =
             "Name:\tchargeonce\nVmPeak:\t  500000 kB\nVmHWM:\t   13108 kB\nVmRSS:\t 9000 kB\n";
-        assert_eq!(vm_hwm_bytes(status), Some(13108 * 1024));
-        assert_eq!(vm_hwm_bytes("Name:\tx\n"), None);
+        assert_eq!(kib_field_bytes(status, "VmHWM:"), Some(13108 * 1024));
+        assert_eq!(kib_field_bytes(status, "VmRSS:"), Some(9000 * 1024));
+        assert_eq!(kib_field_bytes("Name:\tx\n", "VmHWM:"), None);
     }
 
     #[test]
     fn this_process_can_be_measured() {
         assert!(peak_rss_bytes(std::process::id()).unwrap() > 0);
+        assert!(rss_bytes(std::process::id()).unwrap() > 0);
         let clock = CpuClock::read(std::process::id()).unwrap();
         assert!(clock.total >= clock.busy);
     }

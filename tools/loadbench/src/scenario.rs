@@ -58,7 +58,7 @@ impl Workload {
 }
 
 /// The keys one simulated client sends.
-struct Keys {
+pub struct Keys {
     workload: Workload,
     prefix: String,
     next: u64,
@@ -67,7 +67,7 @@ struct Keys {
 }
 
 impl Keys {
-    fn new(workload: Workload, connections: usize, client: usize, pool_size: usize) -> Self {
+    pub fn new(workload: Workload, connections: usize, client: usize, pool_size: usize) -> Self {
         Self {
             workload,
             prefix: format!("{}-{connections}-{client}", workload.name()),
@@ -77,7 +77,7 @@ impl Keys {
         }
     }
 
-    fn next_key(&mut self) -> String {
+    pub fn next_key(&mut self) -> String {
         let fresh = match self.workload {
             Workload::New => true,
             Workload::Replay => false,
