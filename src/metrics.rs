@@ -66,9 +66,34 @@ pub fn handle() -> PrometheusHandle {
                 tracing::warn!("a metrics recorder was already installed; /metrics may be empty");
             }
             describe();
+            keep_up(handle.clone());
             handle
         })
         .clone()
+}
+
+/// How often recorded histogram samples are folded into their buckets.
+pub const UPKEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// Folds histogram samples into their buckets every `UPKEEP_EVERY`, on a
+/// thread of its own for the life of the process. The recorder keeps every
+/// sample it is given until a scrape renders it (or this upkeep runs): with
+/// nobody scraping `/metrics`, memory grew by about 50 bytes a request,
+/// 7 MB a minute at 2,400 requests per second (RELIABILITY.md, the
+/// sustained run). The recorder built alone does not start an upkeep of its
+/// own; `PrometheusBuilder::install` would, but it also starts an HTTP
+/// listener we do not want. A thread rather than a task: the recorder is
+/// process-wide, and a test process runs many tokio runtimes.
+fn keep_up(handle: PrometheusHandle) {
+    let started = std::thread::Builder::new()
+        .name("metrics-upkeep".to_owned())
+        .spawn(move || loop {
+            std::thread::sleep(UPKEEP_EVERY);
+            handle.run_upkeep();
+        });
+    if let Err(error) = started {
+        tracing::warn!(%error, "cannot start the metrics upkeep: unscraped histograms will grow");
+    }
 }
 
 fn describe() {
