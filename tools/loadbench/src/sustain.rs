@@ -283,11 +283,15 @@ impl Sustained {
                 .max()
                 .map_or(f64::NAN, |b| b as f64 / 1e6)
         };
+        let second_minute = if last >= 120 {
+            format!("peak {:.1} MB in minute 2, ", peak(60..120))
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             text,
-            "- Resident memory: peak {:.1} MB in minute 2, {:.1} MB in the last minute, \
-             {:.1} MB over the run; slope after the first minute {:+.3} MB per minute.",
-            peak(60..120),
+            "- Resident memory: {second_minute}{:.1} MB in the last minute, {:.1} MB over the \
+             run; slope after the first minute {:+.3} MB per minute.",
             peak(last.saturating_sub(60)..last),
             peak(0..last),
             slope(&settled)
