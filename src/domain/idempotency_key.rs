@@ -58,6 +58,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn displays_as_given() {
+        let key = IdempotencyKey::parse("order-1042").expect("valid");
+        assert_eq!(key.to_string(), "order-1042");
+    }
+
+    #[test]
     fn accepts_visible_ascii_up_to_255() {
         assert_eq!(IdempotencyKey::parse("a").map(|k| k.0), Ok("a".into()));
         let long = "k".repeat(255);

@@ -110,6 +110,19 @@ mod tests {
     }
 
     #[test]
+    fn a_refund_key_is_stable_and_apart_from_every_charge_key() {
+        let uuid = Uuid::now_v7();
+        let refund = RefundId::from_uuid(uuid).processor_idempotency_key();
+        let charge = ChargeId::from_uuid(uuid).processor_idempotency_key();
+        assert_eq!(refund, format!("chargeonce-refund-{}", uuid.simple()));
+        assert_eq!(
+            refund,
+            RefundId::from_uuid(uuid).processor_idempotency_key()
+        );
+        assert_ne!(refund, charge);
+    }
+
+    #[test]
     fn ids_are_time_ordered() {
         let first = ChargeId::new();
         std::thread::sleep(std::time::Duration::from_millis(2));

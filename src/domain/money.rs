@@ -78,6 +78,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_listed_codes_are_the_accepted_ones() {
+        let codes = Currency::codes();
+        assert!(codes.len() > 100, "{} codes", codes.len());
+        for code in codes {
+            let parsed = Currency::parse(code).expect("a listed code parses");
+            assert_eq!(parsed.as_str(), *code);
+        }
+        assert!(codes.contains(&"USD") && codes.contains(&"EUR"));
+    }
+
+    #[test]
     fn amounts_are_positive_and_bounded() {
         assert_eq!(Amount::new(1).map(Amount::minor_units), Some(1));
         assert_eq!(
