@@ -70,6 +70,7 @@ struct State {
 
 pub struct Receiver {
     pub url: String,
+    pub port: u16,
     state: Arc<Mutex<State>>,
     accept: JoinHandle<()>,
 }
@@ -84,7 +85,8 @@ impl Receiver {
     /// A receiver answering 200 to everything until told otherwise.
     pub async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+        let address = listener.local_addr().unwrap();
+        let url = format!("http://{address}/hooks");
         let state = Arc::new(Mutex::new(State {
             script: VecDeque::new(),
             otherwise: Answer::Status(200),
@@ -110,7 +112,12 @@ impl Receiver {
                 });
             }
         });
-        Self { url, state, accept }
+        Self {
+            url,
+            port: address.port(),
+            state,
+            accept,
+        }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {

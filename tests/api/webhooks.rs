@@ -968,15 +968,6 @@ async fn a_dispatcher_killed_mid_delivery_loses_no_event_and_resends_with_the_sa
     );
 }
 
-/// The port in a receiver URL such as `http://127.0.0.1:4242/hooks`.
-fn receiver_port(url: &str) -> u16 {
-    url.rsplit(':')
-        .next()
-        .and_then(|rest| rest.split('/').next())
-        .and_then(|port| port.parse().ok())
-        .expect("the receiver URL has a port")
-}
-
 /// The local ports of `pid`'s TCP sockets connected to `remote_port`
 /// (Linux: its socket inodes in /proc/<pid>/fd, their ports in
 /// /proc/net/tcp). Only sockets to one remote port: the kernel may give two
@@ -1050,10 +1041,9 @@ async fn two_instances_deliver_500_events_none_lost_none_sent_twice_at_once() {
     let twice = duplicates(&arrivals);
     let overlaps = receiver.overlaps();
     let received = receiver.received();
-    let receiver_port = receiver_port(&receiver.url);
     let (ports_a, ports_b) = (
-        local_ports(a.pid(), receiver_port),
-        local_ports(b.pid(), receiver_port),
+        local_ports(a.pid(), receiver.port),
+        local_ports(b.pid(), receiver.port),
     );
     let by_a = received
         .iter()
