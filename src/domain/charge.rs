@@ -408,4 +408,56 @@ mod tests {
         )
         .is_ok());
     }
+
+    fn stored(amount: i64, amount_refunded: i64) -> Charge {
+        Charge {
+            id: ChargeId::new(),
+            merchant_id: MerchantId::from_uuid(uuid::Uuid::nil()),
+            fingerprint: Fingerprint::of(&json!({"amount": amount})),
+            amount,
+            currency: "USD".to_owned(),
+            customer: Some("cus_1".to_owned()),
+            description: None,
+            metadata: BTreeMap::from([("order".to_owned(), "42".to_owned())]),
+            status: Status::Succeeded,
+            failure_code: None,
+            failure_message: None,
+            locked_until: None,
+            processor_attempts: 0,
+            refunds_reserved: amount_refunded + 100,
+            amount_refunded,
+            processor_payment_id: Some("pay_1".to_owned()),
+            created_at: DateTime::from_timestamp(1_700_000_000, 0).expect("time"),
+        }
+    }
+
+    #[test]
+    fn the_created_form_has_no_refunds_and_nothing_else_changed() {
+        let charge = stored(1000, 300);
+        let created = charge.as_created();
+        assert_eq!((created.refunds_reserved, created.amount_refunded), (0, 0));
+        assert_eq!(
+            Charge {
+                refunds_reserved: 400,
+                amount_refunded: 300,
+                ..created
+            },
+            charge
+        );
+    }
+
+    #[test]
+    fn refunded_means_refunded_in_full() {
+        let json = |charge: &Charge| serde_json::to_value(charge).expect("json");
+        assert_eq!(json(&stored(1000, 300))["refunded"], json!(false));
+        assert_eq!(json(&stored(1000, 1000))["refunded"], json!(true));
+        assert_eq!(json(&stored(1000, 1000))["amount_refunded"], json!(1000));
+    }
+
+    #[test]
+    fn heap_bytes_counts_the_texts_and_the_metadata() {
+        // "USD" + "cus_1" + "pay_1", and one metadata entry.
+        let expected = 3 + 5 + 5 + super::super::fields::heap_bytes([], &stored(1, 0).metadata);
+        assert_eq!(stored(1, 0).heap_bytes(), expected);
+    }
 }

@@ -98,6 +98,15 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn the_names_list_every_type() {
+        assert_eq!(
+            EventType::names(),
+            "charge.pending, charge.succeeded, charge.failed, \
+             refund.pending, refund.succeeded, refund.failed"
+        );
+    }
+
+    #[test]
     fn types_round_trip_and_nothing_else_parses() {
         for t in EventType::ALL {
             assert_eq!(EventType::parse(t.as_str()), Some(t));

@@ -150,3 +150,61 @@ pub(crate) fn parse_metadata(
     }
     metadata
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heap_bytes_adds_the_texts_and_a_node_share_per_metadata_entry() {
+        let metadata = BTreeMap::from([
+            ("k".to_owned(), "vv".to_owned()),
+            ("key".to_owned(), "v".to_owned()),
+        ]);
+        assert_eq!(
+            heap_bytes([Some("abc"), None, Some("de")], &metadata),
+            5 + 67 + 68
+        );
+        assert_eq!(heap_bytes([None], &BTreeMap::new()), 0);
+    }
+
+    /// The errors `parse_metadata` reports, as (field, message).
+    fn metadata_errors(value: Value) -> Vec<(String, String)> {
+        let mut errors = Vec::new();
+        parse_metadata(Some(&value), &mut errors);
+        errors.into_iter().map(|e| (e.field, e.message)).collect()
+    }
+
+    #[test]
+    fn a_nul_anywhere_is_refused_with_its_own_message() {
+        let mut errors = Vec::new();
+        let body = serde_json::json!({"customer": "a\u{0}b"});
+        let object = body.as_object().expect("object");
+        assert_eq!(optional_text(object, "customer", 255, &mut errors), None);
+        assert_eq!(errors, [FieldError::new("customer", NUL_MESSAGE)]);
+        for (metadata, field) in [
+            (serde_json::json!({"k\u{0}": "v"}), "metadata.k\u{0}"),
+            (serde_json::json!({"k": "v\u{0}"}), "metadata.k"),
+        ] {
+            assert_eq!(
+                metadata_errors(metadata),
+                [(field.to_owned(), NUL_MESSAGE.to_owned())]
+            );
+        }
+    }
+
+    #[test]
+    fn a_long_metadata_value_is_told_its_limit() {
+        let value = "x".repeat(limits::METADATA_VALUE_CHARS + 1);
+        assert_eq!(
+            metadata_errors(serde_json::json!({ "k": value })),
+            [(
+                "metadata.k".to_owned(),
+                format!(
+                    "must be at most {} characters",
+                    limits::METADATA_VALUE_CHARS
+                )
+            )]
+        );
+    }
+}

@@ -113,6 +113,30 @@ mod tests {
     }
 
     #[test]
+    fn bytes_round_trip_and_only_32_of_them_make_a_fingerprint() {
+        let fingerprint = Fingerprint::of(&json!({"amount": 1}));
+        assert_eq!(
+            Fingerprint::from_bytes(fingerprint.as_bytes()),
+            Some(fingerprint)
+        );
+        assert_eq!(
+            Fingerprint::from_bytes(&[7; 32]).map(|f| *f.as_bytes()),
+            Some([7; 32])
+        );
+        assert_eq!(Fingerprint::from_bytes(&[7; 31]), None);
+    }
+
+    #[test]
+    fn a_request_matches_its_current_or_legacy_fingerprint_only() {
+        let body = json!({"amount": 1, "currency": "usd"});
+        let normalised = json!({"amount": 1, "currency": "USD"});
+        let request = RequestFingerprint::new(&normalised, &body);
+        assert!(request.matches(&Fingerprint::of(&normalised)));
+        assert!(request.matches(&Fingerprint::of(&body)));
+        assert!(!request.matches(&Fingerprint::of(&json!({"amount": 2}))));
+    }
+
+    #[test]
     fn sorts_keys_at_every_depth_and_drops_whitespace() {
         assert_eq!(
             canonical(r#"{ "b": 1, "a": { "z": [ 1, {"y":true, "x":null} ], "c": "s" } }"#),

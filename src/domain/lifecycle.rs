@@ -68,3 +68,40 @@ impl Outcome {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outcome_gives_its_status_and_its_columns() {
+        let succeeded = Outcome::Succeeded {
+            processor_id: "pay_1".to_owned(),
+        };
+        assert_eq!(succeeded.status(), Status::Succeeded);
+        assert_eq!(succeeded.columns(), (Some("pay_1"), None, None));
+        let declined = Outcome::Declined {
+            processor_id: Some("pay_2".to_owned()),
+            code: "card_declined".to_owned(),
+            message: "The card was declined".to_owned(),
+        };
+        assert_eq!(declined.status(), Status::Failed);
+        assert_eq!(
+            declined.columns(),
+            (
+                Some("pay_2"),
+                Some("card_declined"),
+                Some("The card was declined")
+            )
+        );
+        let declined_before_a_payment = Outcome::Declined {
+            processor_id: None,
+            code: "invalid_amount".to_owned(),
+            message: "Too small".to_owned(),
+        };
+        assert_eq!(
+            declined_before_a_payment.columns(),
+            (None, Some("invalid_amount"), Some("Too small"))
+        );
+    }
+}

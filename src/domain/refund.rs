@@ -190,6 +190,46 @@ mod tests {
     }
 
     #[test]
+    fn every_reason_round_trips_under_its_public_name() {
+        for (reason, name) in [
+            (RefundReason::Duplicate, "duplicate"),
+            (RefundReason::Fraudulent, "fraudulent"),
+            (RefundReason::RequestedByCustomer, "requested_by_customer"),
+        ] {
+            assert_eq!(reason.as_str(), name);
+            assert_eq!(RefundReason::parse(name), Some(reason));
+        }
+        assert_eq!(RefundReason::parse("Duplicate"), None);
+    }
+
+    #[test]
+    fn heap_bytes_counts_the_texts_and_the_metadata() {
+        let metadata = BTreeMap::from([("ticket".to_owned(), "7".to_owned())]);
+        let refund = Refund {
+            id: RefundId::new(),
+            merchant_id: MerchantId::from_uuid(uuid::Uuid::nil()),
+            charge_id: ChargeId::new(),
+            fingerprint: Fingerprint::of(&json!({})),
+            amount: 250,
+            currency: "EUR".to_owned(),
+            reason: None,
+            metadata: metadata.clone(),
+            status: Status::Failed,
+            failure_code: Some("expired".to_owned()),
+            failure_message: None,
+            locked_until: None,
+            processor_attempts: 0,
+            processor_payment_id: "pay_1".to_owned(),
+            created_at: DateTime::from_timestamp(1_700_000_000, 0).expect("time"),
+        };
+        // "EUR" + "expired" + "pay_1", and the metadata.
+        assert_eq!(
+            refund.heap_bytes(),
+            3 + 7 + 5 + super::super::fields::heap_bytes([], &metadata)
+        );
+    }
+
+    #[test]
     fn every_member_is_optional() {
         let refund = NewRefund::parse(&json!({})).expect("valid");
         assert_eq!(refund.amount, None);

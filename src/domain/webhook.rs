@@ -358,6 +358,80 @@ mod tests {
             all.normalised(),
             json!({"url": "http://a.test/x", "event_types": null})
         );
+        assert_eq!(
+            endpoint.normalised(),
+            json!({"url": "https://example.com/", "event_types": ["charge.succeeded", "charge.failed"]})
+        );
+    }
+
+    #[test]
+    fn delivery_statuses_round_trip_under_their_public_names() {
+        for (status, name) in [
+            (DeliveryStatus::Pending, "pending"),
+            (DeliveryStatus::Delivered, "delivered"),
+            (DeliveryStatus::Failed, "failed"),
+        ] {
+            assert_eq!(status.as_str(), name);
+            assert_eq!(DeliveryStatus::parse(name), Some(status));
+        }
+        assert_eq!(DeliveryStatus::parse("succeeded"), None);
+    }
+
+    #[test]
+    fn only_a_pending_delivery_shows_its_next_attempt() {
+        let at = |seconds| DateTime::from_timestamp(seconds, 250_000).expect("time");
+        let mut delivery = Delivery {
+            event_id: EventId::new(),
+            endpoint_id: WebhookEndpointId::new(),
+            url: "https://example.com/hooks".to_owned(),
+            status: DeliveryStatus::Pending,
+            attempts: 1,
+            next_attempt_at: at(1_700_000_060),
+            last_status_code: Some(500),
+            last_error: None,
+            created_at: at(1_700_000_000),
+            updated_at: at(1_700_000_001),
+            attempt_log: Vec::new(),
+        };
+        let json = |delivery: &Delivery| serde_json::to_value(delivery).expect("json");
+        let pending = json(&delivery);
+        assert_eq!(pending["next_attempt_at"], "2023-11-14T22:14:20.000250Z");
+        assert_eq!(pending["created_at"], "2023-11-14T22:13:20.000250Z");
+        assert_eq!(pending["status"], "pending");
+        delivery.status = DeliveryStatus::Delivered;
+        assert_eq!(json(&delivery)["next_attempt_at"], Value::Null);
+    }
+
+    #[test]
+    fn the_url_limit_holds_at_its_exact_edge() {
+        let url = |chars: usize| {
+            let prefix = "https://example.com/";
+            format!("{prefix}{}", "a".repeat(chars - prefix.len()))
+        };
+        assert!(NewWebhookEndpoint::parse(&json!({ "url": url(MAX_URL_CHARS) })).is_ok());
+        let errors = NewWebhookEndpoint::parse(&json!({ "url": url(MAX_URL_CHARS + 1) }))
+            .expect_err("too long");
+        assert_eq!(
+            errors,
+            [FieldError::new(
+                "url",
+                format!("must be at most {MAX_URL_CHARS} characters")
+            )]
+        );
+        // A space is three characters once percent-encoded: the raw URL is
+        // within the limit, the normalised one at it or one over.
+        let spaced = |chars: usize| url(chars - 3).replacen(".com/", ".com/ ", 1);
+        let endpoint = NewWebhookEndpoint::parse(&json!({ "url": spaced(MAX_URL_CHARS) }))
+            .expect("at the limit once normalised");
+        assert_eq!(endpoint.url.as_str().chars().count(), MAX_URL_CHARS);
+        assert_eq!(
+            NewWebhookEndpoint::parse(&json!({ "url": spaced(MAX_URL_CHARS + 1) }))
+                .expect_err("over the limit once normalised"),
+            [FieldError::new(
+                "url",
+                format!("must be at most {MAX_URL_CHARS} characters once normalised")
+            )]
+        );
     }
 
     #[test]
