@@ -457,7 +457,7 @@ mod tests {
     #[test]
     fn heap_bytes_counts_the_texts_and_the_metadata() {
         // "USD" + "cus_1" + "pay_1", and one metadata entry.
-        let expected = 3 + 5 + 5 + super::super::fields::heap_bytes([], &stored(1, 0).metadata);
+        let expected = 3 + 5 + 5 + crate::domain::fields::heap_bytes([], &stored(1, 0).metadata);
         assert_eq!(stored(1, 0).heap_bytes(), expected);
     }
 }

@@ -225,7 +225,7 @@ mod tests {
         // "EUR" + "expired" + "pay_1", and the metadata.
         assert_eq!(
             refund.heap_bytes(),
-            3 + 7 + 5 + super::super::fields::heap_bytes([], &metadata)
+            3 + 7 + 5 + crate::domain::fields::heap_bytes([], &metadata)
         );
     }
 
