@@ -11,7 +11,7 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 use super::codec::column;
-use super::{Conn, DbError, Decision, Statement};
+use super::{Conn, DbError, Statement};
 use crate::domain::{
     Charge, ChargeId, Fingerprint, IdempotencyKey, MerchantId, NewCharge, Outcome,
 };
@@ -264,6 +264,52 @@ pub const RECORD_OUTCOME: Statement = Statement {
         Type::UUID,
         Type::JSONB,
         Type::UUID,
+    ],
+};
+
+/// `RECORD_OUTCOME` for many charges in one statement (`db::batch`): the
+/// pending ones among them take their outcomes and their events in one
+/// round trip and one commit. Rows come back in no particular order; the
+/// caller matches them by id. Run unnamed, never prepared
+/// (`Conn::query_planned_each_time`): the join of the input with `charges`
+/// is planned for this batch's size and the table's current size each
+/// time. A generic plan, made once while the table was small, would read
+/// the whole table for every batch once it has grown; a plan made now
+/// reads the whole table only while that is cheaper than a probe per id
+/// (`tests/api/plans.rs`).
+pub const RECORD_OUTCOMES: Statement = Statement {
+    sql: concat!(
+        "WITH input AS ( \
+             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], \
+                                  $6::text[], $7::uuid[], $8::jsonb[]) \
+                 AS input (charge_id, charge_merchant_id, new_status, new_failure_code, \
+                           new_failure_message, new_payment_id, event_id, event_data) \
+         ), updated AS ( \
+             UPDATE charges SET status = new_status, failure_code = new_failure_code, \
+                                failure_message = new_failure_message, \
+                                processor_payment_id = new_payment_id, locked_until = NULL, \
+                                updated_at = now() \
+               FROM input \
+              WHERE id = charge_id AND merchant_id = charge_merchant_id \
+                AND status IS NOT DISTINCT FROM 'pending' \
+              RETURNING ",
+        charge_columns!(),
+        ", event_id, event_data), event AS ( \
+             INSERT INTO events (id, merchant_id, charge_id, type, data) \
+             SELECT event_id, merchant_id, id, 'charge.' || status, event_data FROM updated) \
+         SELECT ",
+        charge_columns!(),
+        " FROM updated"
+    ),
+    params: &[
+        Type::UUID_ARRAY,
+        Type::UUID_ARRAY,
+        Type::TEXT_ARRAY,
+        Type::TEXT_ARRAY,
+        Type::TEXT_ARRAY,
+        Type::TEXT_ARRAY,
+        Type::UUID_ARRAY,
+        Type::JSONB_ARRAY,
     ],
 };
 
@@ -548,28 +594,62 @@ pub async fn forget_unconfirmed(
     Ok(deleted > 0)
 }
 
-/// Records outcomes and their events (`RECORD_OUTCOME` each) in one
-/// transaction, so one commit: the statements go out together, pipelined on
-/// the connection, and PostgreSQL runs them one after the other. (One
-/// multi-row `UPDATE … FROM unnest(…)` would be one statement, but its join
-/// is planned as a scan of the whole table while the table is small, and
-/// that generic plan is kept as the table grows.) For each item, the charge
-/// as recorded, or `None` if it was not pending any more.
+/// Records outcomes and their events: one alone with `RECORD_OUTCOME`,
+/// several with `RECORD_OUTCOMES`, one statement either way (so one round
+/// trip and one commit). For each item, the charge as recorded, or `None`
+/// if it was not pending any more (an item whose charge appears earlier in
+/// `items` too finds it recorded by that one).
 pub async fn record_outcomes(
     conn: &Conn,
     items: &[(Charge, Outcome)],
 ) -> Result<Vec<Option<Charge>>, DbError> {
     if let [(charge, outcome)] = items {
-        // Alone, the statement is its own transaction: no BEGIN and COMMIT.
         return Ok(vec![record_outcome(conn, charge, outcome).await?]);
     }
-    let all = futures_util::future::try_join_all(
-        items
-            .iter()
-            .map(|(charge, outcome)| record_outcome(conn, charge, outcome)),
-    );
-    conn.transaction(async { Ok(Decision::Commit(all.await?)) })
-        .await
+    let mut ids = Vec::with_capacity(items.len());
+    let mut merchants = Vec::with_capacity(items.len());
+    let mut statuses = Vec::with_capacity(items.len());
+    let mut codes = Vec::with_capacity(items.len());
+    let mut messages = Vec::with_capacity(items.len());
+    let mut payment_ids = Vec::with_capacity(items.len());
+    let mut event_ids = Vec::with_capacity(items.len());
+    let mut events = Vec::with_capacity(items.len());
+    for (charge, outcome) in items {
+        let (payment_id, code, message) = outcome.columns();
+        ids.push(*charge.id.as_uuid());
+        merchants.push(*charge.merchant_id.as_uuid());
+        statuses.push(outcome.status().as_str());
+        codes.push(code);
+        messages.push(message);
+        payment_ids.push(payment_id);
+        event_ids.push(Uuid::now_v7());
+        events.push(Json(charge.with_outcome(outcome).as_created()));
+    }
+    let rows = conn
+        .query_planned_each_time(
+            &RECORD_OUTCOMES,
+            &[
+                &ids,
+                &merchants,
+                &statuses,
+                &codes,
+                &messages,
+                &payment_ids,
+                &event_ids,
+                &events,
+            ],
+        )
+        .await?;
+    let mut recorded: BTreeMap<ChargeId, Charge> = BTreeMap::new();
+    for row in &rows {
+        let charge = decode(row)?;
+        recorded.insert(charge.id, charge);
+    }
+    // `remove`: a charge named twice was recorded once, for the first.
+    Ok(items
+        .iter()
+        .map(|(charge, _)| recorded.remove(&charge.id))
+        .collect())
 }
 
 async fn record_outcome(

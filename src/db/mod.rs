@@ -377,6 +377,19 @@ impl Conn {
         .await
     }
 
+    /// Runs `statement` unnamed even on a connection that prepares its
+    /// statements: it is planned for these parameters (and the tables as
+    /// they are now) every time, never from a plan cached earlier. For
+    /// statements whose best plan depends on their parameters, such as a
+    /// join with an array of ids.
+    pub async fn query_planned_each_time(
+        &self,
+        statement: &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, DbError> {
+        self.bounded(self.unnamed(statement, params)).await
+    }
+
     pub async fn execute(
         &self,
         statement: &Statement,
@@ -531,6 +544,7 @@ pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
     ("charges::RECORD_UNKNOWN", charges::RECORD_UNKNOWN),
     ("charges::FORGET_UNCONFIRMED", charges::FORGET_UNCONFIRMED),
     ("charges::RECORD_OUTCOME", charges::RECORD_OUTCOME),
+    ("charges::RECORD_OUTCOMES", charges::RECORD_OUTCOMES),
     (
         "charges::RELEASE_EXPIRED_KEYS",
         charges::RELEASE_EXPIRED_KEYS,

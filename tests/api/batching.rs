@@ -10,7 +10,9 @@ use async_trait::async_trait;
 use chargeonce::db::batch::{BatchStatement, Batcher};
 use chargeonce::db::charges::{self, PendingCharge};
 use chargeonce::db::{Conn, DbError, Statement};
-use chargeonce::domain::{ChargeId, Fingerprint, IdempotencyKey, MerchantId, NewCharge};
+use chargeonce::domain::{
+    Charge, ChargeId, Fingerprint, IdempotencyKey, MerchantId, NewCharge, Outcome, Status,
+};
 use futures_util::future::join_all;
 use serde_json::json;
 use tokio_postgres::types::Type;
@@ -309,4 +311,120 @@ async fn concurrent_requests_in_batches_keep_their_answers() {
     }
     assert_eq!(app.charge_rows().await, 20);
     assert_eq!(app.processor.calls(), 20, "one payment per key");
+}
+
+fn succeeded(processor_id: &str) -> Outcome {
+    Outcome::Succeeded {
+        processor_id: processor_id.to_owned(),
+    }
+}
+
+/// Outcomes of several charges in one statement (`charges::RECORD_OUTCOMES`):
+/// each pending charge takes its own outcome and one event; a charge that
+/// is final already, the second mention of a charge named twice and a
+/// charge named with another merchant take none, and answer `None` as they
+/// would alone.
+#[tokio::test]
+async fn outcomes_in_one_statement_each_record_their_own() {
+    let app = spawn_app().await;
+    let merchant = merchant_of(&app).await;
+    let conn = app.db.conn().await.unwrap();
+    let items = [
+        pending(merchant, "outcome-1", 100),
+        pending(merchant, "outcome-2", 200),
+        pending(merchant, "outcome-3", 300),
+        pending(merchant, "outcome-4", 400),
+    ];
+    let created: Vec<Charge> = charges::insert_or_find_many(&conn, &items, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|answer| answer.unwrap().0)
+        .collect();
+    let [first, second, done, foreign] = <[Charge; 4]>::try_from(created).unwrap();
+    let alone = charges::record_outcomes(&conn, &[(done.clone(), succeeded("pay_done"))])
+        .await
+        .unwrap();
+    assert_eq!(alone[0].as_ref().unwrap().status, Status::Succeeded);
+    let mut other_merchant = foreign.clone();
+    other_merchant.merchant_id = MerchantId::new();
+
+    let declined = Outcome::Declined {
+        processor_id: Some("pay_2".to_owned()),
+        code: "card_declined".to_owned(),
+        message: "The card was declined.".to_owned(),
+    };
+    let answers = charges::record_outcomes(
+        &conn,
+        &[
+            (first.clone(), succeeded("pay_1")),
+            (second.clone(), declined),
+            (done.clone(), succeeded("pay_again")),
+            (first.clone(), succeeded("pay_twice")),
+            (other_merchant, succeeded("pay_foreign")),
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(answers.len(), 5, "an answer per item");
+    let recorded = answers[0].as_ref().expect("the first is recorded");
+    assert_eq!(recorded.id, first.id);
+    assert_eq!(recorded.status, Status::Succeeded);
+    assert_eq!(recorded.processor_payment_id.as_deref(), Some("pay_1"));
+    assert_eq!(recorded.locked_until, None);
+    let failed = answers[1].as_ref().expect("the second is recorded");
+    assert_eq!(failed.id, second.id);
+    assert_eq!(failed.status, Status::Failed);
+    assert_eq!(failed.failure_code.as_deref(), Some("card_declined"));
+    assert_eq!(failed.processor_payment_id.as_deref(), Some("pay_2"));
+    assert!(answers[2].is_none(), "a final charge keeps its outcome");
+    assert!(answers[3].is_none(), "a charge named twice takes the first");
+    assert!(
+        answers[4].is_none(),
+        "a charge is found by its merchant too"
+    );
+
+    let sql = app.sql().await;
+    let rows = sql
+        .query(
+            "SELECT c.client_idempotency_key, c.status, c.processor_payment_id, \
+                    array_agg(e.type ORDER BY e.id), array_agg(e.data->>'status' ORDER BY e.id) \
+               FROM charges c JOIN events e ON e.charge_id = c.id \
+              GROUP BY c.id, c.client_idempotency_key, c.status, c.processor_payment_id \
+              ORDER BY c.client_idempotency_key",
+            &[],
+        )
+        .await
+        .unwrap();
+    let stored: Vec<(String, String, Option<String>, Vec<String>, Vec<String>)> = rows
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4)))
+        .collect();
+    let row = |key: &str, status: &str, payment: &str, event: &str| {
+        (
+            key.to_owned(),
+            status.to_owned(),
+            Some(payment.to_owned()),
+            vec![event.to_owned()],
+            vec![status.to_owned()],
+        )
+    };
+    assert_eq!(
+        stored,
+        [
+            row("outcome-1", "succeeded", "pay_1", "charge.succeeded"),
+            row("outcome-2", "failed", "pay_2", "charge.failed"),
+            row("outcome-3", "succeeded", "pay_done", "charge.succeeded"),
+        ],
+        "one event per recorded outcome, with the charge as recorded"
+    );
+    let pending: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM charges WHERE status = 'pending' AND id = $1",
+            &[foreign.id.as_uuid()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(pending, 1, "the foreign merchant's item changed nothing");
 }

@@ -206,3 +206,87 @@ async fn replays_stay_fast_without_analyze_as_the_table_grows() {
         "a replay read another index of charges than the unique key"
     );
 }
+
+/// Rows of `charges` read by whole-table scans, by PostgreSQL's count, once
+/// it reaches `at_least` or 12 s have passed (a backend reports its counts
+/// when it goes idle, or up to 10 s later if it reported within the last
+/// second).
+async fn charges_read_whole(client: &tokio_postgres::Client, at_least: i64) -> i64 {
+    let started = Instant::now();
+    loop {
+        let rows: i64 = client
+            .query_one(
+                "SELECT seq_tup_read FROM pg_stat_user_tables WHERE relname = 'charges'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if rows >= at_least || started.elapsed() > Duration::from_secs(12) {
+            return rows;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Sixteen new charges at once, keys `{round}-0` to `-15`.
+async fn burst(app: &crate::helpers::TestApp, round: &str) {
+    let keys: Vec<String> = (0..16).map(|i| format!("{round}-{i}")).collect();
+    let body = charge_body(100);
+    let replies =
+        futures_util::future::join_all(keys.iter().map(|key| app.post_charge(key, &body))).await;
+    for reply in replies {
+        assert_eq!(reply.status, 201, "{}", reply.body);
+    }
+}
+
+/// `charges::RECORD_OUTCOMES` joins a batch of ids with `charges`. While
+/// the table is small, reading it whole is the cheapest plan, and a generic
+/// plan made then would keep reading it whole as it grows. So the statement
+/// is planned each time: here batches of outcomes are recorded while the
+/// table is small (one outcome slot, many requests at once), 50,000 charges
+/// arrive with no ANALYZE, and new charges then never read the table
+/// whole, by PostgreSQL's own count.
+#[tokio::test]
+async fn outcome_batches_stop_reading_the_table_whole_as_it_grows() {
+    let app = spawn_app_with(|s| {
+        s.server.workers = 1;
+        // A quarter of the pool: one batch of outcomes at a time, so the
+        // requests below queue and go in batches.
+        s.database.pool_size = 4;
+        s.database.batch_rows = 64;
+        s.processor.latency = Duration::from_millis(20);
+        s.recovery.interval = Duration::from_secs(600);
+        s.idempotency.sweep_interval = Duration::from_secs(600);
+    })
+    .await;
+    let sql = app.sql().await;
+    sql.batch_execute("ALTER TABLE charges SET (autovacuum_enabled = false)")
+        .await
+        .unwrap();
+    for round in [
+        "small-1", "small-2", "small-3", "small-4", "small-5", "small-6",
+    ] {
+        burst(&app, round).await;
+    }
+
+    sql.batch_execute(
+        "INSERT INTO charges (id, merchant_id, client_idempotency_key, request_fingerprint, \
+                              amount, currency, status) \
+         SELECT gen_random_uuid(), m.id, 'bulk-' || g, sha256(g::text::bytea), 100, 'USD', \
+                'succeeded' \
+           FROM merchants m, generate_series(1, 50000) g",
+    )
+    .await
+    .unwrap();
+    for round in ["large-1", "large-2", "large-3", "large-4"] {
+        burst(&app, round).await;
+    }
+    // While the table was small, its rows may have been read whole (a few
+    // hundred in all); one whole read of the large table is 50,000.
+    let read = charges_read_whole(&sql, 50_000).await;
+    assert!(
+        read < 50_000,
+        "a statement read all 50,000 charges ({read} rows read whole)"
+    );
+}
