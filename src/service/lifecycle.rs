@@ -34,7 +34,7 @@ use uuid::Uuid;
 
 use crate::config::{IdempotencySettings, RecoverySettings};
 use crate::crash;
-use crate::db::batch::{BatchStatement, Batcher};
+use crate::db::batch::{self, BatchStatement, Batcher};
 use crate::db::{Conn, Database, DbError};
 use crate::domain::IdempotencyKey;
 use crate::domain::{MerchantId, Outcome, Status};
@@ -202,8 +202,12 @@ impl<K: Kind> BatchStatement for RecordOutcomes<K> {
 
 fn outcome_batcher<K: Kind>(db: &Database, kind: &Arc<K>) -> Batcher<RecordOutcomes<K>> {
     let rows = db.batch_rows().min(K::OUTCOMES_PER_STATEMENT);
-    let in_flight = db.pool().status().max_size / 4;
-    Batcher::with_limits(db.clone(), RecordOutcomes(kind.clone()), rows, in_flight)
+    Batcher::with_limits(
+        db.clone(),
+        RecordOutcomes(kind.clone()),
+        rows,
+        batch::slots(db),
+    )
 }
 
 impl<K: Kind> Clone for Lifecycle<K> {

@@ -251,7 +251,7 @@ async fn burst(app: &crate::helpers::TestApp, round: &str) {
 async fn outcome_batches_stop_reading_the_table_whole_as_it_grows() {
     let app = spawn_app_with(|s| {
         s.server.workers = 1;
-        // A quarter of the pool: one batch of outcomes at a time, so the
+        // One batch of outcomes at a time (`db::batch::slots`), so the
         // requests below queue and go in batches.
         s.database.pool_size = 4;
         s.database.batch_rows = 64;
