@@ -396,7 +396,9 @@ async fn outcomes_in_one_statement_each_record_their_own() {
         )
         .await
         .unwrap();
-    let stored: Vec<(String, String, Option<String>, Vec<String>, Vec<String>)> = rows
+    // Key, status, payment id, then its events' types and statuses.
+    type Stored = (String, String, Option<String>, Vec<String>, Vec<String>);
+    let stored: Vec<Stored> = rows
         .iter()
         .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4)))
         .collect();
