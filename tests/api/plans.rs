@@ -135,6 +135,20 @@ async fn index_scans(
     }
 }
 
+/// 50,000 final charges of the app's merchant, inserted in bulk as rows
+/// the service writes (creating them one by one would take a minute).
+async fn insert_50_000_charges(sql: &tokio_postgres::Client) {
+    sql.batch_execute(
+        "INSERT INTO charges (id, merchant_id, client_idempotency_key, request_fingerprint, \
+                              amount, currency, status) \
+         SELECT gen_random_uuid(), m.id, 'bulk-' || g, sha256(g::text::bytea), 100, 'USD', \
+                'succeeded' \
+           FROM merchants m, generate_series(1, 50000) g",
+    )
+    .await
+    .unwrap();
+}
+
 /// The finding behind it: with autovacuum off, 43,000 charges made a replay
 /// take 19 ms (it read every charge of the merchant) until someone ran
 /// ANALYZE. Here the service prepares its statements while the table is
@@ -168,15 +182,7 @@ async fn replays_stay_fast_without_analyze_as_the_table_grows() {
     }
     let small = replay_p50(&app, &keys).await;
 
-    sql.batch_execute(
-        "INSERT INTO charges (id, merchant_id, client_idempotency_key, request_fingerprint, \
-                              amount, currency, status) \
-         SELECT gen_random_uuid(), m.id, 'bulk-' || g, sha256(g::text::bytea), 100, 'USD', \
-                'succeeded' \
-           FROM merchants m, generate_series(1, 50000) g",
-    )
-    .await
-    .unwrap();
+    insert_50_000_charges(&sql).await;
     let analyzed: Option<bool> = sql
         .query_one(
             "SELECT last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL \
@@ -270,15 +276,7 @@ async fn outcome_batches_stop_reading_the_table_whole_as_it_grows() {
         burst(&app, round).await;
     }
 
-    sql.batch_execute(
-        "INSERT INTO charges (id, merchant_id, client_idempotency_key, request_fingerprint, \
-                              amount, currency, status) \
-         SELECT gen_random_uuid(), m.id, 'bulk-' || g, sha256(g::text::bytea), 100, 'USD', \
-                'succeeded' \
-           FROM merchants m, generate_series(1, 50000) g",
-    )
-    .await
-    .unwrap();
+    insert_50_000_charges(&sql).await;
     for round in ["large-1", "large-2", "large-3", "large-4"] {
         burst(&app, round).await;
     }
