@@ -79,10 +79,17 @@ async fn worker_pools_share_the_configured_pool_size() {
         peak
     };
     let load = async {
+        // Staggered, a request every millisecond: while some are inserted,
+        // others record their outcomes, so a worker needs two connections
+        // at once (all at once, the inserts and then the outcomes went as
+        // one batch each, on one connection per worker).
         let replies = join_all((0..120).map(|i| {
             let key = format!("pooled-{i}");
             let app = &app;
-            async move { app.post_charge(&key, &charge_body(1000 + i * 100)).await }
+            async move {
+                tokio::time::sleep(Duration::from_millis(i as u64)).await;
+                app.post_charge(&key, &charge_body(1000 + i * 100)).await
+            }
         }))
         .await;
         done.store(true, std::sync::atomic::Ordering::Relaxed);
