@@ -114,22 +114,34 @@ async fn index_scans(
     other: bool,
     at_least: i64,
 ) -> i64 {
+    count_reaching(
+        client,
+        "SELECT coalesce(sum(idx_scan), 0)::bigint \
+           FROM pg_stat_user_indexes JOIN pg_indexes \
+                ON indexname = indexrelname AND tablename = relname \
+          WHERE relname = 'charges' AND indexdef ~ 'USING btree \\(merchant_id' \
+            AND (indexrelname = $1) <> $2",
+        &[&index, &other],
+        at_least,
+        Duration::from_secs(15),
+    )
+    .await
+}
+
+/// The count `sql` answers, once it reaches `at_least` or `patience` has
+/// passed: PostgreSQL's statistics arrive when a backend reports them.
+async fn count_reaching(
+    client: &tokio_postgres::Client,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    at_least: i64,
+    patience: Duration,
+) -> i64 {
     let started = Instant::now();
     loop {
-        let scans: i64 = client
-            .query_one(
-                "SELECT coalesce(sum(idx_scan), 0)::bigint \
-                   FROM pg_stat_user_indexes JOIN pg_indexes \
-                        ON indexname = indexrelname AND tablename = relname \
-                  WHERE relname = 'charges' AND indexdef ~ 'USING btree \\(merchant_id' \
-                    AND (indexrelname = $1) <> $2",
-                &[&index, &other],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if scans >= at_least || started.elapsed() > Duration::from_secs(15) {
-            return scans;
+        let count: i64 = client.query_one(sql, params).await.unwrap().get(0);
+        if count >= at_least || started.elapsed() > patience {
+            return count;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -218,21 +230,14 @@ async fn replays_stay_fast_without_analyze_as_the_table_grows() {
 /// when it goes idle, or up to 10 s later if it reported within the last
 /// second).
 async fn charges_read_whole(client: &tokio_postgres::Client, at_least: i64) -> i64 {
-    let started = Instant::now();
-    loop {
-        let rows: i64 = client
-            .query_one(
-                "SELECT seq_tup_read FROM pg_stat_user_tables WHERE relname = 'charges'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if rows >= at_least || started.elapsed() > Duration::from_secs(12) {
-            return rows;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    count_reaching(
+        client,
+        "SELECT seq_tup_read FROM pg_stat_user_tables WHERE relname = 'charges'",
+        &[],
+        at_least,
+        Duration::from_secs(12),
+    )
+    .await
 }
 
 /// Sixteen new charges at once, keys `{round}-0` to `-15`.
