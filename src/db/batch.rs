@@ -242,3 +242,31 @@ impl<S: BatchStatement> Drop for Slot<S> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::Settings;
+
+    /// A pool of `max_size` on the embedded defaults; building it connects
+    /// to nothing.
+    fn database_of(max_size: usize) -> Database {
+        let settings = Settings::load_from(Path::new("/nonexistent-config-dir"), &HashMap::new())
+            .expect("the embedded defaults load");
+        Database::new(&settings.database, max_size).expect("a pool builds without connecting")
+    }
+
+    #[tokio::test]
+    async fn one_batch_of_a_statement_at_a_time_per_eight_connections() {
+        for (max_size, expected) in [(1, 1), (7, 1), (8, 1), (15, 1), (16, 2), (32, 4)] {
+            assert_eq!(
+                slots(&database_of(max_size)),
+                expected,
+                "pool of {max_size}"
+            );
+        }
+    }
+}

@@ -3,6 +3,7 @@
 //! failed batch fails only the requests it holds.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,11 +22,18 @@ use crate::helpers::{charge_body, spawn_app, spawn_app_with, Reply, TestApp};
 
 /// Inserts numbers into a table of the test's own, slowly enough (50 ms a
 /// statement) that requests queue behind a running batch, and records the
-/// size of every batch it ran. A number 0 kills the connection the
-/// statement runs on, an error of the database itself.
+/// size of every batch it ran and the most statements it had running at
+/// once. A number 0 kills the connection the statement runs on, an error of
+/// the database itself; `PANICS` makes the statement panic once it ran (a
+/// bug in a batch's task).
 struct InsertNumbers {
     sizes: Arc<Mutex<Vec<usize>>>,
+    running: AtomicUsize,
+    most_at_once: Arc<AtomicUsize>,
 }
+
+/// The number whose statement panics.
+const PANICS: i32 = 4242;
 
 const INSERT_NUMBERS: Statement = Statement {
     sql: "WITH slow AS (SELECT pg_sleep(0.05)), \
@@ -48,8 +56,13 @@ impl BatchStatement for InsertNumbers {
 
     async fn run(&self, conn: &Conn, items: &[i32]) -> Result<Vec<i32>, DbError> {
         self.sizes.lock().unwrap().push(items.len());
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_at_once.fetch_max(now, Ordering::SeqCst);
         let items = items.to_vec();
-        conn.execute(&INSERT_NUMBERS, &[&items]).await?;
+        let inserted = conn.execute(&INSERT_NUMBERS, &[&items]).await;
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        inserted?;
+        assert!(!items.contains(&PANICS), "a statement that panics");
         Ok(items)
     }
 }
@@ -60,18 +73,37 @@ async fn numbers_batcher(
     app: &TestApp,
     max_rows: usize,
 ) -> (Batcher<InsertNumbers>, Arc<Mutex<Vec<usize>>>) {
+    let (batcher, sizes, _) = counted_numbers_batcher(app, max_rows, 1).await;
+    (batcher, sizes)
+}
+
+/// The same, at most `max_in_flight` batches at a time, with the most
+/// statements that ran at once.
+async fn counted_numbers_batcher(
+    app: &TestApp,
+    max_rows: usize,
+    max_in_flight: usize,
+) -> (
+    Batcher<InsertNumbers>,
+    Arc<Mutex<Vec<usize>>>,
+    Arc<AtomicUsize>,
+) {
     app.sql()
         .await
         .batch_execute("CREATE TABLE numbers (n int NOT NULL CHECK (n > 0))")
         .await
         .unwrap();
     let sizes = Arc::new(Mutex::new(Vec::new()));
+    let most_at_once = Arc::new(AtomicUsize::new(0));
     let statement = InsertNumbers {
         sizes: sizes.clone(),
+        running: AtomicUsize::new(0),
+        most_at_once: most_at_once.clone(),
     };
     (
-        Batcher::with_limits(app.db.clone(), statement, max_rows, 1),
+        Batcher::with_limits(app.db.clone(), statement, max_rows, max_in_flight),
         sizes,
+        most_at_once,
     )
 }
 
@@ -131,6 +163,45 @@ async fn a_request_alone_goes_alone_and_batches_grow_only_under_load() {
         "requests that queued shared statements: {sizes:?}"
     );
     assert_eq!(stored_numbers(&app).await, (1..22).collect());
+}
+
+#[tokio::test]
+async fn no_more_batches_run_at_once_than_there_are_slots() {
+    for slots in [1, 2] {
+        let app = spawn_app().await;
+        let (batcher, sizes, most_at_once) = counted_numbers_batcher(&app, 4, slots).await;
+        let answers = join_all((1..21).map(|n| batcher.run(n))).await;
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        assert_eq!(
+            most_at_once.load(Ordering::SeqCst),
+            slots,
+            "20 requests at once with {slots} slot(s): batches {:?}",
+            sizes.lock().unwrap()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_batch_task_that_panics_loses_its_batch_only_and_frees_its_slot() {
+    let app = spawn_app().await;
+    let (batcher, sizes) = numbers_batcher(&app, 8).await;
+
+    // PANICS holds the one slot, 5 and 6 queue behind it; its task panics.
+    let (first, queued) = tokio::time::timeout(
+        Duration::from_secs(10),
+        behind_a_running_batch(&batcher, &sizes, PANICS, &[5, 6]),
+    )
+    .await
+    .expect("the requests queued behind the panicked batch are answered");
+    let lost = first.unwrap_err();
+    assert!(matches!(lost, DbError::BatchLost), "{lost:?}");
+    let queued: Vec<i32> = queued.into_iter().map(Result::unwrap).collect();
+    assert_eq!(queued, [5, 6]);
+
+    // The slot is free again: a request alone goes at once.
+    let alone = tokio::time::timeout(Duration::from_secs(10), batcher.run(8)).await;
+    assert_eq!(alone.expect("the slot was freed").unwrap(), 8);
+    assert_eq!(*sizes.lock().unwrap(), [1, 2, 1]);
 }
 
 #[tokio::test]
