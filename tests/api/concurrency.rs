@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 
-use crate::helpers::{charge_body, spawn_app, spawn_app_with};
+use crate::helpers::{charge_body, spawn_app, spawn_app_with, through_pgbouncer};
 
 #[tokio::test]
 async fn fifty_concurrent_requests_with_one_key_make_one_charge() {
@@ -99,6 +99,13 @@ async fn worker_pools_share_the_configured_pool_size() {
 
     for reply in &replies {
         assert_eq!(reply.status, 201, "{}", reply.body);
+    }
+    // Through PgBouncer (transaction pooling) the backends counted are
+    // PgBouncer's server connections, which it shares out to the service's
+    // connections a transaction at a time: how many there are says nothing
+    // of the service's pools (two were seen carrying 120 staggered charges).
+    if through_pgbouncer().is_some() {
+        return;
     }
     let limit = (POOL_SIZE + chargeonce::startup::BACKGROUND_CONNECTIONS) as i64;
     assert!(
