@@ -359,23 +359,51 @@ async fn concurrent_refunds_across_two_instances_never_over_refund() {
         let id = charge["id"].as_str().unwrap().to_owned();
         let replies = futures_util::future::join_all((0..50).map(|i| {
             let base = if i % 2 == 0 { &a.url } else { &b.url };
-            post(
+            let request = post(
                 base,
                 format!("/v1/charges/{id}/refunds"),
                 format!("r{round}-{i}"),
                 r#"{"amount":100}"#,
-            )
+            );
+            async move {
+                let reply = request.await.unwrap();
+                let status = reply.status().as_u16();
+                (status, reply.json::<Value>().await.unwrap())
+            }
         }))
         .await;
-        let created = replies
-            .iter()
-            .filter(|r| r.as_ref().unwrap().status() == 201)
-            .count();
-        let exceeded = replies
-            .iter()
-            .filter(|r| r.as_ref().unwrap().status() == 400)
-            .count();
-        assert_eq!((created, exceeded), (10, 40), "round {round}");
+        let mut statuses: HashMap<u16, usize> = HashMap::new();
+        for (status, body) in &replies {
+            *statuses.entry(*status).or_default() += 1;
+            if *status == 400 {
+                assert_eq!(
+                    body["code"], "refund_exceeds_charge",
+                    "round {round}: {body}"
+                );
+                assert_eq!(body["refundable_amount"], 0, "round {round}: {body}");
+            }
+        }
+        assert_eq!(statuses.get(&201), Some(&10), "round {round}: {statuses:?}");
+        assert_eq!(statuses.get(&400), Some(&40), "round {round}: {statuses:?}");
+    }
+    // The books balance: each charge fully reserved and refunded, by
+    // exactly the refunds that exist.
+    let books = db
+        .client()
+        .await
+        .query(
+            "SELECT c.refunds_reserved, c.amount_refunded, \
+                    (SELECT coalesce(sum(amount), 0)::bigint FROM refunds r WHERE r.charge_id = c.id), \
+                    (SELECT count(*) FROM refunds r WHERE r.charge_id = c.id) \
+               FROM charges c",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(books.len(), 20);
+    for row in books {
+        let books: (i64, i64, i64, i64) = (row.get(0), row.get(1), row.get(2), row.get(3));
+        assert_eq!(books, (1000, 1000, 1000, 10));
     }
 }
 
@@ -546,4 +574,107 @@ async fn undoing_an_unconfirmed_refund_gives_the_reservation_back() {
         .await
         .unwrap());
     assert_eq!(reserved().await, 600);
+}
+
+/// A retry of a refund whose first attempt is still at the processor waits
+/// `idempotency.in_flight_wait`, then gets 409 with `Retry-After`, as a
+/// charge does; the first attempt's answer is the one kept, and the
+/// processor is asked once.
+#[tokio::test]
+async fn a_refund_key_still_in_flight_gets_409_then_the_first_answer() {
+    use std::time::{Duration, Instant};
+
+    let app = spawn_app_with(|s| {
+        s.processor.latency = Duration::from_millis(1500);
+        s.idempotency.in_flight_wait = Duration::from_millis(100);
+    })
+    .await;
+    let charge = app.succeeded_charge("charge", 1000).await;
+    let first = {
+        let (url, api_key) = (
+            format!("{}/v1/charges/{charge}/refunds", app.address),
+            app.api_key.clone(),
+        );
+        tokio::spawn(async move {
+            let reply = reqwest::Client::new()
+                .post(url)
+                .bearer_auth(api_key)
+                .header("Idempotency-Key", "busy-refund")
+                .header("Content-Type", "application/json")
+                .body(r#"{"amount":400}"#)
+                .send()
+                .await
+                .unwrap();
+            (reply.status().as_u16(), reply.text().await.unwrap())
+        })
+    };
+    let inserted = Instant::now();
+    while app.count("SELECT count(*) FROM refunds").await == 0 {
+        assert!(
+            inserted.elapsed() < Duration::from_secs(5),
+            "never inserted"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let second = app
+        .post_refund(&charge, "busy-refund", r#"{"amount":400}"#)
+        .await;
+    second.assert_problem(409, "idempotency_key_in_use");
+    let retry_after: u64 = second.header("retry-after").unwrap().parse().unwrap();
+    assert!(retry_after >= 1);
+
+    let (status, body) = first.await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    let replay = app
+        .post_refund(&charge, "busy-refund", r#"{"amount":400}"#)
+        .await;
+    assert_eq!(replay.status, 201);
+    assert_eq!(replay.body, body);
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(app.processor.calls(), 2, "one charge, one refund");
+}
+
+/// The CHECK constraints catch a bug that would break the refund rules,
+/// whatever statement it comes from: reserving more than the charge, more
+/// refunded than reserved, a refund reserved on a charge that did not
+/// succeed.
+#[tokio::test]
+async fn the_database_refuses_books_that_break_the_refund_rules() {
+    let app = spawn_app().await;
+    let charge = app.succeeded_charge("charge", 1000).await;
+    let uuid = uuid::Uuid::parse_str(charge.trim_start_matches("ch_")).unwrap();
+    let sql = app.sql().await;
+    for (update, constraint) in [
+        (
+            "UPDATE charges SET refunds_reserved = amount + 1 WHERE id = $1",
+            "charges_refunds_within_amount",
+        ),
+        (
+            "UPDATE charges SET refunds_reserved = 100, amount_refunded = 101 WHERE id = $1",
+            "charges_refunded_within_reserved",
+        ),
+        (
+            "UPDATE charges SET refunds_reserved = 100, status = 'failed', \
+                    failure_code = 'card_declined', failure_message = 'x' WHERE id = $1",
+            "charges_refunds_only_of_succeeded",
+        ),
+    ] {
+        let error = sql.execute(update, &[&uuid]).await.unwrap_err();
+        let db_error = error.as_db_error().unwrap_or_else(|| panic!("{error}"));
+        assert_eq!(
+            db_error.constraint(),
+            Some(constraint),
+            "{update}: {db_error}"
+        );
+    }
+    // Within the rules the same columns take the values.
+    let updated = sql
+        .execute(
+            "UPDATE charges SET refunds_reserved = 1000, amount_refunded = 400 WHERE id = $1",
+            &[&uuid],
+        )
+        .await
+        .unwrap();
+    assert_eq!(updated, 1);
 }
