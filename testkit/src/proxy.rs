@@ -7,6 +7,7 @@
 //! work is done and the client sees an error.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rand::rngs::StdRng;
@@ -30,11 +31,15 @@ struct State {
     reply_loss: f64,
 }
 
+/// Decides from a request's bytes whether the answer to it is lost.
+type Picker = Box<dyn FnMut(&[u8]) -> bool + Send>;
+
 pub struct Proxy {
     pub port: u16,
     state: watch::Sender<State>,
     task: tokio::task::JoinHandle<()>,
     lost: Arc<Mutex<u64>>,
+    picker: Arc<Mutex<Option<Picker>>>,
 }
 
 impl Proxy {
@@ -52,13 +57,19 @@ impl Proxy {
             reply_loss: 0.0,
         });
         let lost = Arc::new(Mutex::new(0));
-        let rng = Arc::new(Mutex::new(StdRng::seed_from_u64(seed)));
-        let task = tokio::spawn(accept_loop(listener, target, watcher, rng, lost.clone()));
+        let picker = Arc::new(Mutex::new(None));
+        let loss = Loss {
+            rng: Arc::new(Mutex::new(StdRng::seed_from_u64(seed))),
+            lost: lost.clone(),
+            picker: picker.clone(),
+        };
+        let task = tokio::spawn(accept_loop(listener, target, watcher, loss));
         Self {
             port,
             state,
             task,
             lost,
+            picker,
         }
     }
 
@@ -75,9 +86,16 @@ impl Proxy {
         self.state.send_modify(|state| state.reply_loss = p);
     }
 
+    /// From now on, drop the answer to each request for which `pick`, shown
+    /// the request's bytes as they arrive, returns true (on top of any
+    /// random loss): a test chooses exactly which requests lose their answer.
+    pub fn lose_replies_to(&self, pick: impl FnMut(&[u8]) -> bool + Send + 'static) {
+        *lock(&self.picker) = Some(Box::new(pick));
+    }
+
     /// How many answers were dropped so far.
     pub fn replies_lost(&self) -> u64 {
-        *self.lost.lock().unwrap_or_else(|p| p.into_inner())
+        *lock(&self.lost)
     }
 
     /// `url` (a `postgres://` or `http://` URL) with host and port replaced
@@ -100,8 +118,7 @@ async fn accept_loop(
     listener: TcpListener,
     target: SocketAddr,
     mut watcher: watch::Receiver<State>,
-    rng: Arc<Mutex<StdRng>>,
-    lost: Arc<Mutex<u64>>,
+    loss: Loss,
 ) {
     let mut connections = JoinSet::new();
     loop {
@@ -122,18 +139,17 @@ async fn accept_loop(
                     continue;
                 }
                 let state = watcher.clone();
-                let rng = rng.clone();
-                let lost = lost.clone();
+                let loss = loss.clone();
                 connections.spawn(async move {
                     let Ok(outbound) = TcpStream::connect(target).await else { return };
                     let _ = inbound.set_nodelay(true);
                     let _ = outbound.set_nodelay(true);
                     let (client_read, client_write) = inbound.into_split();
                     let (server_read, server_write) = outbound.into_split();
-                    let no_loss = Arc::new(Mutex::new(StdRng::seed_from_u64(0)));
+                    let turn = Arc::new(Turn::default());
                     tokio::select! {
-                        () = pump(client_read, server_write, state.clone(), no_loss, None) => {}
-                        () = pump(server_read, client_write, state, rng, Some(lost)) => {}
+                        () = pump(client_read, server_write, state.clone(), &loss, &turn, Side::Client) => {}
+                        () = pump(server_read, client_write, state, &loss, &turn, Side::Server) => {}
                     }
                 });
                 // Reap finished connections so the set does not grow.
@@ -143,15 +159,47 @@ async fn accept_loop(
     }
 }
 
+/// What decides whether an answer is lost, shared by all connections.
+#[derive(Clone)]
+struct Loss {
+    rng: Arc<Mutex<StdRng>>,
+    lost: Arc<Mutex<u64>>,
+    picker: Arc<Mutex<Option<Picker>>>,
+}
+
+/// One connection's request/answer turn.
+#[derive(Default)]
+struct Turn {
+    /// The client sent bytes since the last answer began: the next bytes
+    /// from the server start an answer, which draws once whether it is lost,
+    /// however many chunks it comes in.
+    asked: AtomicBool,
+    /// The picker chose the request's answer to be lost.
+    doomed: AtomicBool,
+}
+
+/// The direction a pump copies.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Client,
+    Server,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Copies one direction. While stalled it reads nothing (so bytes pile up in
-/// the kernel buffers and the peer eventually blocks); cut ends it. With
-/// `lost` set, each chunk may be dropped together with the connection.
+/// the kernel buffers and the peer eventually blocks); cut ends it. On the
+/// server's side, the first chunk of each answer draws once whether the
+/// answer is dropped together with the connection.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut state: watch::Receiver<State>,
-    rng: Arc<Mutex<StdRng>>,
-    lost: Option<Arc<Mutex<u64>>>,
+    loss: &Loss,
+    turn: &Turn,
+    side: Side,
 ) {
     let mut buffer = vec![0u8; 16 * 1024];
     loop {
@@ -179,12 +227,26 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        if let Some(lost) = &lost {
-            let roll: f64 = rng.lock().unwrap_or_else(|p| p.into_inner()).gen();
-            if roll < current.reply_loss {
-                *lost.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-                return;
+        match side {
+            // Raised before the bytes go out: no answer can come earlier.
+            Side::Client => {
+                turn.asked.store(true, Ordering::SeqCst);
+                if lock(&loss.picker)
+                    .as_mut()
+                    .is_some_and(|pick| pick(&buffer[..n]))
+                {
+                    turn.doomed.store(true, Ordering::SeqCst);
+                }
             }
+            Side::Server if turn.asked.swap(false, Ordering::SeqCst) => {
+                let doomed = turn.doomed.swap(false, Ordering::SeqCst);
+                let roll: f64 = lock(&loss.rng).gen();
+                if doomed || roll < current.reply_loss {
+                    *lock(&loss.lost) += 1;
+                    return;
+                }
+            }
+            Side::Server => {}
         }
         if to.write_all(&buffer[..n]).await.is_err() {
             return;

@@ -116,6 +116,32 @@ fn charge_posts(process: &Process) -> Vec<u16> {
         .collect()
 }
 
+/// From the access log of POST /v1/charges: the charges created, and the
+/// charges answered again as replays.
+fn charge_outcomes(process: &Process) -> (HashSet<String>, HashSet<String>) {
+    let (mut created, mut replayed) = (HashSet::new(), HashSet::new());
+    for line in process.log().iter().filter(|line| {
+        line.contains("method=POST")
+            && line.contains("route=\"/v1/charges\"")
+            && line.contains(": request status=")
+    }) {
+        let field = |name: &str| {
+            line.split(|c: char| c.is_whitespace() || c == '{' || c == '}')
+                .find_map(|f| f.strip_prefix(name))
+                .map(|v| v.trim_matches('"').to_owned())
+        };
+        let (Some(id), Some(outcome)) = (field("id="), field("idempotency=")) else {
+            continue;
+        };
+        match outcome.as_str() {
+            "created" => created.insert(id),
+            "replayed" => replayed.insert(id),
+            _ => false,
+        };
+    }
+    (created, replayed)
+}
+
 /// Waits short enough that the tests stay quick, and tries long enough that
 /// a 30 % loss rate cannot exhaust the attempts (0.3^20).
 fn patient_policy() -> RetryPolicy {
@@ -140,29 +166,45 @@ async fn lost_replies_are_retried_into_exactly_one_charge_per_call() {
     let client = service.client(&proxy.url_for(&service.process.url), patient_policy());
     // The server does the work, then its answer is dropped with the
     // connection: the client sees an error for a charge that was made.
-    proxy.set_reply_loss(0.3);
+    // Exactly 30 % of the first attempts lose their answer (calls 0, 1 and 2
+    // of every ten), and for a third of those the first retry does too.
+    let keys: Vec<IdempotencyKey> = (0..CALLS).map(|_| IdempotencyKey::new()).collect();
+    let cut: HashMap<String, u32> = keys
+        .iter()
+        .enumerate()
+        .filter(|(n, _)| n % 10 < 3)
+        .map(|(n, key)| (key.as_str().to_owned(), if n % 10 == 0 { 2 } else { 1 }))
+        .collect();
+    let mut seen: HashMap<String, u32> = HashMap::new();
+    proxy.lose_replies_to(move |request| {
+        let request = String::from_utf8_lossy(request);
+        let Some((key, times)) = cut.iter().find(|(key, _)| request.contains(key.as_str())) else {
+            return false;
+        };
+        let attempt = seen.entry(key.clone()).or_default();
+        *attempt += 1;
+        *attempt <= *times
+    });
+    const FIRST_ATTEMPTS_CUT: usize = 60;
+    const LOST: usize = 80;
 
-    let calls: Vec<(i64, IdempotencyKey, Result<_, Error>)> = futures_util::stream::iter(0..CALLS)
-        .map(|n| {
-            let client = client.clone();
-            async move {
-                // Amounts ending in 00: the simulated processor accepts them.
-                let order = NewCharge::new(10_000 + n * 100, "USD").metadata("n", n.to_string());
-                let operation = client.charge_operation(&order);
-                let key = operation.key().clone();
-                (n, key, operation.send().await)
-            }
-        })
-        .buffer_unordered(16)
-        .collect()
-        .await;
-    proxy.set_reply_loss(0.0);
+    let calls: Vec<(i64, IdempotencyKey, Result<_, Error>)> =
+        futures_util::stream::iter(keys.into_iter().zip(0..CALLS))
+            .map(|(key, n)| {
+                let client = client.clone();
+                async move {
+                    // Amounts ending in 00: the simulated processor accepts them.
+                    let order =
+                        NewCharge::new(10_000 + n * 100, "USD").metadata("n", n.to_string());
+                    let operation = client.charge_operation_with_key(&order, key.clone());
+                    (n, key, operation.send().await)
+                }
+            })
+            .buffer_unordered(16)
+            .collect()
+            .await;
+    assert_eq!(proxy.replies_lost() as usize, LOST);
 
-    let lost = proxy.replies_lost();
-    assert!(
-        lost > 0,
-        "the proxy lost no replies: the test proved nothing"
-    );
     let rows = service.rows().await;
     assert_eq!(rows.len(), CALLS as usize, "one charge per logical call");
     let mut ids = HashSet::new();
@@ -178,13 +220,15 @@ async fn lost_replies_are_retried_into_exactly_one_charge_per_call() {
     }
     // Every lost reply was followed by a retry the server answered from the
     // stored charge: more requests than charges, no more charges.
-    let posts = service.charge_posts(CALLS as usize + lost as usize).await;
-    assert!(
-        posts.len() >= CALLS as usize + lost as usize,
-        "{} requests for {CALLS} calls and {lost} lost replies",
-        posts.len()
-    );
+    let posts = service.charge_posts(CALLS as usize + LOST).await;
+    assert_eq!(posts.len(), CALLS as usize + LOST, "{posts:?}");
     assert!(posts.iter().all(|&s| s == 201), "{posts:?}");
+    // The server created each charge once, and answered again (a replay)
+    // exactly the calls whose first answer it lost.
+    let (created, replayed) = charge_outcomes(&service.process);
+    assert_eq!(created.len(), CALLS as usize, "each charge created once");
+    assert_eq!(replayed.len(), FIRST_ATTEMPTS_CUT);
+    assert!(replayed.is_subset(&created));
 
     // The listing pages through all of them, each once.
     let listed: Vec<String> = client
