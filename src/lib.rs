@@ -15,3 +15,9 @@ pub mod startup;
 pub mod telemetry;
 pub mod webhooks;
 pub mod workers;
+
+// README's Rust examples (the client) are compiled as doctests, so they
+// cannot rot; chargeonce-client is a dev-dependency.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
