@@ -50,12 +50,21 @@ pub async fn json(
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let media_type = content_type.split(';').next().unwrap_or("").trim();
+    let mut parts = content_type.split(';');
+    let media_type = parts.next().unwrap_or("").trim();
     let is_json = media_type.eq_ignore_ascii_case("application/json")
         || (media_type.len() > 5
             && media_type.to_ascii_lowercase().starts_with("application/")
             && media_type.to_ascii_lowercase().ends_with("+json"));
-    if !is_json {
+    // JSON is UTF-8 (RFC 8259): `charset=utf-8` is welcome, another charset
+    // would be read as something it is not.
+    let other_charset = parts
+        .filter_map(|p| p.split_once('='))
+        .any(|(name, value)| {
+            name.trim().eq_ignore_ascii_case("charset")
+                && !value.trim().trim_matches('"').eq_ignore_ascii_case("utf-8")
+        });
+    if !is_json || other_charset {
         return Err(ApiError::UnsupportedMediaType);
     }
     let limit = limits.max_body_bytes;

@@ -432,3 +432,47 @@ async fn equivalent_bodies_replay_and_different_ones_do_not() {
     }
     assert_eq!(app.charge_rows().await, 1);
 }
+
+/// Clients that name the charset (`application/json; charset=utf-8`, as
+/// many HTTP libraries do by default) are served; JSON in another charset
+/// is 415, not read as something it is not.
+#[tokio::test]
+async fn a_utf8_charset_parameter_is_accepted_and_another_charset_is_415() {
+    let app = spawn_app().await;
+    let auth = format!("Bearer {}", app.api_key);
+    let body = br#"{"amount":1000,"currency":"USD","description":"caf\u00e9"}"#.to_vec();
+    for (n, content_type) in [
+        "application/json; charset=utf-8",
+        "Application/JSON;charset=UTF-8",
+        "application/json; charset=\"utf-8\"",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = format!("charset-{n}");
+        let reply = app
+            .post_charge_raw(
+                &[
+                    ("Authorization", auth.as_str()),
+                    ("Idempotency-Key", key.as_str()),
+                    ("Content-Type", content_type),
+                ],
+                body.clone(),
+            )
+            .await;
+        assert_eq!(reply.status, 201, "{content_type}: {}", reply.body);
+        assert_eq!(reply.json()["description"], "café");
+    }
+    let reply = app
+        .post_charge_raw(
+            &[
+                ("Authorization", auth.as_str()),
+                ("Idempotency-Key", "latin1"),
+                ("Content-Type", "application/json; charset=iso-8859-1"),
+            ],
+            body,
+        )
+        .await;
+    reply.assert_problem(415, "unsupported_media_type");
+    assert_eq!(app.charge_rows().await, 3);
+}
