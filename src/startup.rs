@@ -181,6 +181,7 @@ impl Application {
         let port = listener.local_addr().map_err(bind_error)?.port();
 
         let api_keys = web::Data::new(ApiKeyCache::new(&settings.auth));
+        let demo_page = web::Data::new(http::demo::DemoPage::new(settings.idempotency.retention()));
         let limits = web::Data::new(HttpLimits {
             max_body_bytes: settings.http.max_body_bytes,
             body_timeout: settings.http.body_timeout,
@@ -260,6 +261,7 @@ impl Application {
                 .app_data(api_keys.clone())
                 .app_data(limits.clone())
                 .app_data(document.clone())
+                .app_data(demo_page.clone())
                 .wrap_fn(http::observe)
                 .configure(|cfg| {
                     if let Some(exporter) = api_exporter {

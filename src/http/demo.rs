@@ -13,6 +13,8 @@
 //! Both files are embedded, so the binary serves the demo without a web/
 //! folder next to it.
 
+use std::time::Duration;
+
 use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
 use uuid::Uuid;
@@ -62,8 +64,20 @@ pub async fn ensure_demo_merchant(database: &Database) -> Result<(), DbError> {
     operation_id = "demoPage",
     responses((status = 200, description = "The page", body = String, content_type = "text/html")),
 )]
-pub(super) async fn page() -> HttpResponse {
-    embedded_file("text/html; charset=utf-8", PAGE)
+pub(super) async fn page(page: web::Data<DemoPage>) -> HttpResponse {
+    embedded_file("text/html; charset=utf-8", page.0.clone())
+}
+
+/// The page with the server's `idempotency.retention_hours` filled in: the
+/// module must not resume a stored payment whose key the server may have
+/// released (the same key would then make a second charge).
+pub struct DemoPage(web::Bytes);
+
+impl DemoPage {
+    pub fn new(retention: Duration) -> Self {
+        let page = PAGE.replace("{{RETENTION_MS}}", &retention.as_millis().to_string());
+        Self(web::Bytes::from(page))
+    }
 }
 
 /// The browser module the page uses.
@@ -75,10 +89,13 @@ pub(super) async fn page() -> HttpResponse {
     responses((status = 200, description = "The module", body = String, content_type = "text/javascript")),
 )]
 pub(super) async fn module() -> HttpResponse {
-    embedded_file("text/javascript; charset=utf-8", MODULE)
+    embedded_file(
+        "text/javascript; charset=utf-8",
+        web::Bytes::from_static(MODULE.as_bytes()),
+    )
 }
 
-fn embedded_file(content_type: &'static str, body: &'static str) -> HttpResponse {
+fn embedded_file(content_type: &'static str, body: web::Bytes) -> HttpResponse {
     HttpResponse::Ok()
         .content_type(content_type)
         // Revalidate every time: a rebuilt binary may carry a new version,

@@ -60,6 +60,10 @@ async fn the_page_and_the_module_are_served_from_the_binary() {
     );
     assert!(page.body.contains("resumePending"));
     assert!(!page.body.contains("sk_"), "no secret key in the page");
+    assert!(
+        page.body.contains(r#"content="86400000""#),
+        "24 h by default"
+    );
 
     let module = get(&app, "/demo/chargeonce.js").await;
     assert_eq!(module.status, 200);
@@ -168,4 +172,23 @@ async fn the_production_configuration_turns_the_demo_off() {
     assert!(!production.demo.enabled);
     assert_eq!(production.processor.kind, ProcessorKind::Http);
     assert_eq!(production.log.format, LogFormat::Json);
+}
+
+/// The page passes the server's retention window to the module, so a stored
+/// payment whose key the server may have released is reported, not resumed.
+#[tokio::test]
+async fn the_page_carries_the_configured_retention_window() {
+    let app = spawn_app_with(|s| {
+        s.demo.enabled = true;
+        s.idempotency.retention_hours = 2;
+    })
+    .await;
+    let page = get(&app, "/demo").await;
+    assert!(
+        page.body
+            .contains(r#"<meta name="chargeonce-retention-ms" content="7200000">"#),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("retentionMs: Number("));
 }
