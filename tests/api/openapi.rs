@@ -397,6 +397,13 @@ fn operations_declare_their_auth_and_headers() {
                         "{method} {path} {status}: Retry-After"
                     );
                 }
+                // A recorded answer to a keyed request can be a replay.
+                if method == "post" && (status.starts_with('2') || status == "402") {
+                    assert!(
+                        response["headers"]["Idempotent-Replayed"].is_object(),
+                        "{method} {path} {status}: Idempotent-Replayed"
+                    );
+                }
             }
             // Links name operations that exist (stateful testing and
             // clients follow them).
