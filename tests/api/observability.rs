@@ -129,7 +129,11 @@ async fn every_metric_family_moves_when_its_event_happens() {
     );
     moved(
         "chargeonce_http_request_duration_seconds_count",
-        &[("route", "/v1/charges/{id}/refunds"), ("method", "POST")],
+        &[
+            ("route", "/v1/charges/{id}/refunds"),
+            ("method", "POST"),
+            ("status", "201"),
+        ],
     );
     for outcome in [
         "created",
