@@ -109,6 +109,7 @@ async fn every_metric_family_moves_when_its_event_happens() {
     .unwrap();
     let taken = app.post_charge("orphan", &charge_body(1000)).await;
     assert_eq!(taken.status, 201, "{}", taken.body);
+    let busy = busy_pools_and_a_waiting_duplicate().await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let after = scrape(&app).await;
 
@@ -139,6 +140,7 @@ async fn every_metric_family_moves_when_its_event_happens() {
         "created",
         "replayed",
         "in_use",
+        "in_flight_waited",
         "reused_mismatch",
         "key_missing",
         "key_invalid",
@@ -169,7 +171,17 @@ async fn every_metric_family_moves_when_its_event_happens() {
     for result in ["hit", "miss", "negative_hit"] {
         moved("chargeonce_api_key_cache_total", &[("result", result)]);
     }
-    // Pool gauges, one series per pool.
+    // Pool gauges, one series per pool; while busy, connections in use
+    // and requests waiting for one.
+    for (family, pool) in [
+        ("chargeonce_db_pool_connections", "worker-0"),
+        ("chargeonce_db_pool_in_use", "worker-0"),
+        ("chargeonce_db_pool_waiters", "worker-0"),
+        ("chargeonce_db_pool_in_use", "background"),
+    ] {
+        let value = sample(&busy, family, &[("pool", pool)]);
+        assert!(value >= 1.0, "{family} {pool}: {value} while busy");
+    }
     for family in [
         "chargeonce_db_pool_connections",
         "chargeonce_db_pool_in_use",
@@ -186,6 +198,75 @@ async fn every_metric_family_moves_when_its_event_happens() {
         );
     }
     assert!(after.contains("# HELP chargeonce_idempotency_outcomes_total"));
+}
+
+/// An app of its own, one HTTP worker whose pool has one connection, and a
+/// slow processor: a duplicate sent while the first request is at the processor
+/// waits for its answer (`in_flight_waited`); then, with the charges table
+/// locked, one listing holds the worker's connection while a second waits
+/// for it and the recovery worker's claim holds a background connection.
+/// The scrape that saw all of it.
+async fn busy_pools_and_a_waiting_duplicate() -> String {
+    let app = spawn_app_with(|s| {
+        s.server.workers = 1;
+        s.database.pool_size = 1;
+        s.database.connect_timeout = Duration::from_secs(10);
+        s.database.query_timeout = Duration::from_secs(10);
+        s.idempotency.in_flight_wait = Duration::from_secs(10);
+        s.processor.latency = Duration::from_millis(500);
+        s.recovery.interval = Duration::from_millis(50);
+    })
+    .await;
+    let body = charge_body(700);
+    let (first, second) = tokio::join!(app.post_charge("w-1", &body), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        app.post_charge("w-1", &body).await
+    });
+    assert_eq!(first.status, 201, "{}", first.body);
+    assert_eq!(second.status, 201, "{}", second.body);
+    assert_eq!(first.json()["id"], second.json()["id"]);
+    let replayed = [&first, &second].map(|r| r.header("idempotent-replayed") == Some("true"));
+    assert_eq!(replayed.iter().filter(|r| **r).count(), 1, "{replayed:?}");
+
+    let locker = app.sql().await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE charges IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let listings = [0, 1].map(|_| {
+        let http = app.http.clone();
+        let url = format!("{}/v1/charges", app.address);
+        let key = app.api_key.clone();
+        tokio::spawn(async move { http.get(url).bearer_auth(key).send().await })
+    });
+    let started = Instant::now();
+    let seen = loop {
+        let text = scrape(&app).await;
+        let at_least_one =
+            |family: &str, pool: &str| sample(&text, family, &[("pool", pool)]) >= 1.0;
+        if at_least_one("chargeonce_db_pool_in_use", "worker-0")
+            && at_least_one("chargeonce_db_pool_waiters", "worker-0")
+            && at_least_one("chargeonce_db_pool_in_use", "background")
+        {
+            break text;
+        }
+        let pools: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("chargeonce_db_pool"))
+            .collect();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "pools never seen busy:\n{}",
+            pools.join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    for listing in listings {
+        let reply = listing.await.unwrap().unwrap();
+        assert_eq!(reply.status(), 200);
+    }
+    seen
 }
 
 /// The value of the unlabelled series `family` of a real service, if it has
