@@ -429,10 +429,22 @@ async fn metrics_can_have_a_port_of_their_own_or_none() {
     off.get("/metrics").await.assert_problem(404, "not_found");
 }
 
-/// A charge whose processor outcome is unknown: every log line about it,
-/// including the processor call's and the outcome's deep in the charge
-/// flow, carries the request id the client sent, and the access-log line
-/// carries the route, the merchant, the charge and what the key led to.
+/// The fields of the `request` span a JSON log line was written in.
+fn request_span(line: &str) -> serde_json::Value {
+    let parsed: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+    parsed["spans"]
+        .as_array()
+        .and_then(|spans| spans.iter().find(|span| span["name"] == "request"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no request span: {line}"))
+}
+
+/// A charge whose processor outcome is unknown: every log line written
+/// while it is served, including the processor call's and the outcome's
+/// deep in the charge flow, carries the request id the client sent and the
+/// route, as does any later line about the charge its request id; the
+/// access-log line also carries the merchant, the charge and what the key
+/// led to.
 #[tokio::test]
 async fn every_log_line_about_a_request_carries_its_request_id() {
     let db = Database::migrated().await;
@@ -442,11 +454,28 @@ async fn every_log_line_about_a_request_carries_its_request_id() {
         &[
             ("CHARGEONCE__LOG__FORMAT", "json".to_owned()),
             ("RUST_LOG", "info".to_owned()),
-            // The recovery worker stays away: every line below is the request's.
+            // The recovery worker, the only other one with something to say
+            // about a pending charge, stays away: every line written while
+            // the request is served is the request's.
             ("CHARGEONCE__RECOVERY__INTERVAL_MS", "600000".to_owned()),
         ],
     )
     .await;
+    // The start-up lines and the readiness probes' requests come before:
+    // the probe that found the service ready has been logged (a request's
+    // access line is written before its answer is sent).
+    let started = Instant::now();
+    let earlier = loop {
+        let log = service.log();
+        if log
+            .iter()
+            .any(|line| line.contains("\"route\":\"/readyz\"") && line.contains("\"status\":200"))
+        {
+            break log.len();
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{log:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let reply = reqwest::Client::new()
         .post(format!("{}/v1/charges", service.url))
         .bearer_auth(&secret)
@@ -470,18 +499,13 @@ async fn every_log_line_about_a_request_carries_its_request_id() {
     let charge: serde_json::Value = reply.json().await.unwrap();
     let id = charge["id"].as_str().unwrap().to_owned();
 
+    // Every line since, up to the request's access line.
+    let is_access = |line: &String| line.contains("\"message\":\"request\"");
     let started = Instant::now();
     let lines = loop {
-        let lines: Vec<String> = service
-            .log()
-            .into_iter()
-            .filter(|line| line.contains(&id) || line.contains("req-trace-42"))
-            .collect();
-        if lines
-            .iter()
-            .any(|line| line.contains("\"message\":\"request\""))
-        {
-            break lines;
+        let lines = service.log().split_off(earlier);
+        if let Some(end) = lines.iter().position(is_access) {
+            break lines[..=end].to_vec();
         }
         assert!(started.elapsed() < Duration::from_secs(5), "{lines:#?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -494,14 +518,11 @@ async fn every_log_line_about_a_request_carries_its_request_id() {
         "the unknown outcome, deep in the charge flow, is among them: {lines:#?}"
     );
     for line in &lines {
-        assert!(line.contains("req-trace-42"), "{line}");
-        let parsed: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
-        assert!(parsed["spans"].is_array(), "{line}");
+        let request = request_span(line);
+        assert_eq!(request["request_id"], "req-trace-42", "{line}");
+        assert_eq!(request["route"], "/v1/charges", "{line}");
     }
-    let access = lines
-        .iter()
-        .find(|line| line.contains("\"message\":\"request\""))
-        .unwrap();
+    let access = lines.last().unwrap();
     for field in [
         "\"route\":\"/v1/charges\"",
         "\"merchant\":\"mer_",
@@ -510,6 +531,13 @@ async fn every_log_line_about_a_request_carries_its_request_id() {
         "\"status\":202",
     ] {
         assert!(access.contains(field), "{field} missing: {access}");
+    }
+    // Nothing written about the charge afterwards goes without its request.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for line in service.log().split_off(earlier + lines.len()) {
+        if line.contains(&id) {
+            assert_eq!(request_span(&line)["request_id"], "req-trace-42", "{line}");
+        }
     }
 
     // An unacceptable request id is replaced, not logged as sent.
