@@ -557,6 +557,107 @@ async fn every_log_line_about_a_request_carries_its_request_id() {
     assert_eq!(echoed.len(), 32);
 }
 
+/// With `chargeonce::db` at debug, every statement runs in a `db` span
+/// named after it and ends with a `statement` line (outcome, elapsed time):
+/// a statement of a request under the request's span, a batched one (its
+/// own task, for many requests) on its own. At the default level, none.
+#[tokio::test]
+async fn database_statements_run_in_spans_at_debug_level() {
+    let db = Database::migrated().await;
+    let secret = db.create_merchant().await;
+    let service = start_service(
+        &db.url,
+        &[
+            ("CHARGEONCE__LOG__FORMAT", "json".to_owned()),
+            ("RUST_LOG", "info,chargeonce::db=debug".to_owned()),
+        ],
+    )
+    .await;
+    let reply = reqwest::Client::new()
+        .post(format!("{}/v1/charges", service.url))
+        .bearer_auth(&secret)
+        .header("Idempotency-Key", "spanned")
+        .header("X-Request-Id", "req-db-7")
+        .header("Content-Type", "application/json")
+        .body(charge_body(100))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 201);
+    let started = Instant::now();
+    let statements: Vec<serde_json::Value> = loop {
+        let log = service.log();
+        if log
+            .iter()
+            .any(|line| line.contains("\"message\":\"request\"") && line.contains("req-db-7"))
+        {
+            break log
+                .iter()
+                .filter(|line| line.contains("\"message\":\"statement\""))
+                .map(|line| serde_json::from_str(line).expect("a JSON line"))
+                .collect();
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{log:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let span = |line: &serde_json::Value, name: &str| {
+        line["spans"]
+            .as_array()
+            .and_then(|spans| spans.iter().find(|span| span["name"] == name))
+            .cloned()
+    };
+    let of = |statement: &str| {
+        statements
+            .iter()
+            .find(|line| {
+                span(line, "db").is_some_and(|db| db["statement"] == statement)
+                    && span(line, "request").is_some_and(|r| r["request_id"] == "req-db-7")
+            })
+            .unwrap_or_else(|| panic!("no line of {statement}: {statements:#?}"))
+    };
+    // The API key's lookup, in the request.
+    let lookup = of("merchants::FIND_BY_DIGEST");
+    assert_eq!(lookup["level"], "DEBUG");
+    assert_eq!(lookup["fields"]["outcome"], "ok");
+    assert!(lookup["fields"]["elapsed_ms"].is_number(), "{lookup}");
+    assert_eq!(span(lookup, "request").unwrap()["route"], "/v1/charges");
+    // The insert, batched.
+    assert!(
+        statements
+            .iter()
+            .any(|line| span(line, "db").is_some_and(|db| db["statement"]
+                .as_str()
+                .is_some_and(|name| name.starts_with("charges::INSERT_OR_FIND")))),
+        "{statements:#?}"
+    );
+
+    // At the default level: no statement lines.
+    let quiet = start_service(
+        &db.url,
+        &[
+            ("CHARGEONCE__LOG__FORMAT", "json".to_owned()),
+            ("RUST_LOG", "info".to_owned()),
+        ],
+    )
+    .await;
+    let reply = reqwest::Client::new()
+        .get(format!("{}/v1/charges", quiet.url))
+        .bearer_auth(&secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 200);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let log = quiet.log();
+    assert!(log
+        .iter()
+        .any(|line| line.contains("\"message\":\"request\"")));
+    assert!(
+        !log.iter().any(|line| line.contains("\"name\":\"db\"")),
+        "{log:#?}"
+    );
+}
+
 /// Secrets never reach a log: the API key (valid or not), the database
 /// password, at every level the service logs by default and at debug.
 #[tokio::test]
