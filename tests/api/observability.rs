@@ -49,9 +49,13 @@ async fn scrape(app: &TestApp) -> String {
 #[tokio::test]
 async fn every_metric_family_moves_when_its_event_happens() {
     let app = spawn_app_with(|s| {
-        s.idempotency.lease = Duration::from_millis(300);
+        // The processor slow enough that a duplicate sent 20 ms after the
+        // first request finds it in flight even on a loaded machine (at 50
+        // ms, the first had often finished: a replay, not in_use), and the
+        // lease well beyond it.
+        s.idempotency.lease = Duration::from_millis(1000);
         s.idempotency.in_flight_wait = Duration::from_millis(10);
-        s.processor.latency = Duration::from_millis(50);
+        s.processor.latency = Duration::from_millis(200);
         s.recovery.interval = Duration::from_millis(100);
         s.idempotency.sweep_interval = Duration::from_millis(100);
     })
