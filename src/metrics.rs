@@ -103,7 +103,7 @@ fn describe() {
     );
     describe_histogram!(
         HTTP_DURATION,
-        "HTTP request latency by route template and method."
+        "HTTP request latency by route template, method and status."
     );
     describe_counter!(
         IDEMPOTENCY,
@@ -187,9 +187,9 @@ fn describe() {
 
 pub fn http_request(route: &str, method: &str, status: u16, took: Duration) {
     let status = status.to_string();
-    counter!(HTTP_REQUESTS, "route" => route.to_owned(), "method" => method.to_owned(), "status" => status)
+    counter!(HTTP_REQUESTS, "route" => route.to_owned(), "method" => method.to_owned(), "status" => status.clone())
         .increment(1);
-    histogram!(HTTP_DURATION, "route" => route.to_owned(), "method" => method.to_owned())
+    histogram!(HTTP_DURATION, "route" => route.to_owned(), "method" => method.to_owned(), "status" => status)
         .record(took.as_secs_f64());
 }
 

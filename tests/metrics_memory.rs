@@ -35,7 +35,8 @@ fn unscraped_histograms_stay_bounded() {
     let histogram = ::metrics::histogram!(
         metrics::HTTP_DURATION,
         "route" => "/v1/charges",
-        "method" => "POST"
+        "method" => "POST",
+        "status" => "201"
     );
     let before = peak_rss();
     for _ in 0..ROUNDS {

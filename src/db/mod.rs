@@ -25,6 +25,7 @@ use deadpool_postgres::{
 };
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
+use tracing::Instrument;
 
 use secrecy::ExposeSecret;
 
@@ -299,9 +300,34 @@ impl Conn {
         self.client.as_ref().unwrap_or_else(|| unreachable!())
     }
 
-    /// Prepares (once per connection) and runs `statement` within the
-    /// deadline.
-    async fn bounded<T, F>(&self, work: F) -> Result<T, DbError>
+    /// Runs `work`, the statement `sql` (prepared once per connection, or
+    /// sent unnamed), within the deadline, in its `db` span (`statement_span`).
+    async fn bounded<T, F>(&self, sql: &'static str, work: F) -> Result<T, DbError>
+    where
+        F: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        let span = statement_span(sql);
+        if span.is_disabled() {
+            return self.within_deadline(work).await;
+        }
+        let started = std::time::Instant::now();
+        let result = self.within_deadline(work).instrument(span.clone()).await;
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(DbError::Timeout(_)) => "timeout",
+            Err(_) => "error",
+        };
+        span.in_scope(|| {
+            tracing::debug!(
+                outcome,
+                elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
+                "statement"
+            )
+        });
+        result
+    }
+
+    async fn within_deadline<T, F>(&self, work: F) -> Result<T, DbError>
     where
         F: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     {
@@ -351,7 +377,7 @@ impl Conn {
         statement: &Statement,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, DbError> {
-        self.bounded(async {
+        self.bounded(statement.sql, async {
             if !self.prepared {
                 return self.unnamed(statement, params).await;
             }
@@ -367,7 +393,7 @@ impl Conn {
         statement: &Statement,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, DbError> {
-        self.bounded(async {
+        self.bounded(statement.sql, async {
             if !self.prepared {
                 return Ok(self.unnamed(statement, params).await?.into_iter().next());
             }
@@ -387,7 +413,8 @@ impl Conn {
         statement: &Statement,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, DbError> {
-        self.bounded(self.unnamed(statement, params)).await
+        self.bounded(statement.sql, self.unnamed(statement, params))
+            .await
     }
 
     pub async fn execute(
@@ -395,7 +422,7 @@ impl Conn {
         statement: &Statement,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, DbError> {
-        self.bounded(async {
+        self.bounded(statement.sql, async {
             if !self.prepared {
                 return self
                     .client()
@@ -407,6 +434,24 @@ impl Conn {
         })
         .await
     }
+}
+
+/// The span a statement runs in, for finding slow ones: `db`, at debug
+/// level, with `statement`, its name in `ALL_STATEMENTS`
+/// (`charges::INSERT_OR_FIND`), else its SQL (`BEGIN`, `COMMIT`,
+/// `ROLLBACK`). It ends with a debug line `statement` with `outcome` (`ok`,
+/// `error`, `timeout`) and `elapsed_ms`; never the parameters, some of
+/// which are secrets. With debug filtered out for this module (the default)
+/// the span is disabled: nothing is looked up, timed or allocated.
+fn statement_span(sql: &'static str) -> tracing::Span {
+    tracing::debug_span!("db", statement = statement_name(sql))
+}
+
+fn statement_name(sql: &'static str) -> &'static str {
+    ALL_STATEMENTS
+        .iter()
+        .find(|(_, statement)| statement.sql == sql)
+        .map_or(sql, |(name, _)| name)
 }
 
 /// Each parameter with the type its statement declares.
@@ -455,8 +500,8 @@ impl Conn {
         }
     }
 
-    async fn batch(&self, sql: &str) -> Result<(), DbError> {
-        self.bounded(self.client().batch_execute(sql)).await
+    async fn batch(&self, sql: &'static str) -> Result<(), DbError> {
+        self.bounded(sql, self.client().batch_execute(sql)).await
     }
 }
 
@@ -602,4 +647,40 @@ pub async fn applied_migration(conn: &Conn) -> Result<Option<i64>, DbError> {
         .map(|row| codec::column::<Option<i64>>(&row, "version"))
         .transpose()?
         .flatten())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_statement_span_is_named_after_the_statement() {
+        assert_eq!(
+            statement_name(charges::INSERT_OR_FIND.sql),
+            "charges::INSERT_OR_FIND"
+        );
+        assert_eq!(
+            statement_name(APPLIED_MIGRATION.sql),
+            "db::APPLIED_MIGRATION"
+        );
+        assert_eq!(statement_name("COMMIT"), "COMMIT");
+    }
+
+    #[test]
+    fn a_statement_span_costs_nothing_when_debug_is_filtered_out() {
+        let info = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(std::io::sink)
+            .finish();
+        tracing::subscriber::with_default(info, || {
+            assert!(statement_span("COMMIT").is_disabled());
+        });
+        let debug = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_writer(std::io::sink)
+            .finish();
+        tracing::subscriber::with_default(debug, || {
+            assert!(!statement_span("COMMIT").is_disabled());
+        });
+    }
 }

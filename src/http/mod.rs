@@ -86,11 +86,15 @@ where
                 .unwrap_or(HeaderValue::from_static("unknown"))
         });
     let method = request.method().clone();
+    // The template, not the path: bounded label values, no ids in them.
+    // Known before the handler runs (actix matches the path against the
+    // app's resource map), so every line of the request carries it.
+    let route = request.match_pattern();
     let span = tracing::info_span!(
         "request",
         request_id = request_id.to_str().unwrap_or(""),
         %method,
-        route = Empty,
+        route = route.as_deref(),
         merchant = Empty,
         id = Empty,
         idempotency = Empty,
@@ -98,14 +102,21 @@ where
     let response = span.in_scope(|| service.call(request));
     async move {
         let mut response = response.instrument(span.clone()).await?;
-        // The template, not the path: bounded label values, no ids in them.
-        let route = response
-            .request()
-            .match_pattern()
-            .unwrap_or_else(|| "unmatched".to_owned());
+        let route = match route {
+            Some(route) => route,
+            // No resource matched before the handler ran (the default
+            // service's 404): named once the answer is known.
+            None => {
+                let route = response
+                    .request()
+                    .match_pattern()
+                    .unwrap_or_else(|| "unmatched".to_owned());
+                span.record("route", route.as_str());
+                route
+            }
+        };
         let status = response.status().as_u16();
         let took = started.elapsed();
-        span.record("route", route.as_str());
         span.in_scope(|| {
             tracing::info!(status, elapsed_ms = took.as_secs_f64() * 1000.0, "request")
         });

@@ -49,9 +49,13 @@ async fn scrape(app: &TestApp) -> String {
 #[tokio::test]
 async fn every_metric_family_moves_when_its_event_happens() {
     let app = spawn_app_with(|s| {
-        s.idempotency.lease = Duration::from_millis(300);
+        // The processor slow enough that a duplicate sent 20 ms after the
+        // first request finds it in flight even on a loaded machine (at 50
+        // ms, the first had often finished: a replay, not in_use), and the
+        // lease well beyond it.
+        s.idempotency.lease = Duration::from_millis(1000);
         s.idempotency.in_flight_wait = Duration::from_millis(10);
-        s.processor.latency = Duration::from_millis(50);
+        s.processor.latency = Duration::from_millis(200);
         s.recovery.interval = Duration::from_millis(100);
         s.idempotency.sweep_interval = Duration::from_millis(100);
     })
@@ -109,6 +113,7 @@ async fn every_metric_family_moves_when_its_event_happens() {
     .unwrap();
     let taken = app.post_charge("orphan", &charge_body(1000)).await;
     assert_eq!(taken.status, 201, "{}", taken.body);
+    let busy = busy_pools_and_a_waiting_duplicate().await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let after = scrape(&app).await;
 
@@ -129,12 +134,17 @@ async fn every_metric_family_moves_when_its_event_happens() {
     );
     moved(
         "chargeonce_http_request_duration_seconds_count",
-        &[("route", "/v1/charges/{id}/refunds"), ("method", "POST")],
+        &[
+            ("route", "/v1/charges/{id}/refunds"),
+            ("method", "POST"),
+            ("status", "201"),
+        ],
     );
     for outcome in [
         "created",
         "replayed",
         "in_use",
+        "in_flight_waited",
         "reused_mismatch",
         "key_missing",
         "key_invalid",
@@ -165,7 +175,17 @@ async fn every_metric_family_moves_when_its_event_happens() {
     for result in ["hit", "miss", "negative_hit"] {
         moved("chargeonce_api_key_cache_total", &[("result", result)]);
     }
-    // Pool gauges, one series per pool.
+    // Pool gauges, one series per pool; while busy, connections in use
+    // and requests waiting for one.
+    for (family, pool) in [
+        ("chargeonce_db_pool_connections", "worker-0"),
+        ("chargeonce_db_pool_in_use", "worker-0"),
+        ("chargeonce_db_pool_waiters", "worker-0"),
+        ("chargeonce_db_pool_in_use", "background"),
+    ] {
+        let value = sample(&busy, family, &[("pool", pool)]);
+        assert!(value >= 1.0, "{family} {pool}: {value} while busy");
+    }
     for family in [
         "chargeonce_db_pool_connections",
         "chargeonce_db_pool_in_use",
@@ -182,6 +202,75 @@ async fn every_metric_family_moves_when_its_event_happens() {
         );
     }
     assert!(after.contains("# HELP chargeonce_idempotency_outcomes_total"));
+}
+
+/// An app of its own, one HTTP worker whose pool has one connection, and a
+/// slow processor: a duplicate sent while the first request is at the processor
+/// waits for its answer (`in_flight_waited`); then, with the charges table
+/// locked, one listing holds the worker's connection while a second waits
+/// for it and the recovery worker's claim holds a background connection.
+/// The scrape that saw all of it.
+async fn busy_pools_and_a_waiting_duplicate() -> String {
+    let app = spawn_app_with(|s| {
+        s.server.workers = 1;
+        s.database.pool_size = 1;
+        s.database.connect_timeout = Duration::from_secs(10);
+        s.database.query_timeout = Duration::from_secs(10);
+        s.idempotency.in_flight_wait = Duration::from_secs(10);
+        s.processor.latency = Duration::from_millis(500);
+        s.recovery.interval = Duration::from_millis(50);
+    })
+    .await;
+    let body = charge_body(700);
+    let (first, second) = tokio::join!(app.post_charge("w-1", &body), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        app.post_charge("w-1", &body).await
+    });
+    assert_eq!(first.status, 201, "{}", first.body);
+    assert_eq!(second.status, 201, "{}", second.body);
+    assert_eq!(first.json()["id"], second.json()["id"]);
+    let replayed = [&first, &second].map(|r| r.header("idempotent-replayed") == Some("true"));
+    assert_eq!(replayed.iter().filter(|r| **r).count(), 1, "{replayed:?}");
+
+    let locker = app.sql().await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE charges IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let listings = [0, 1].map(|_| {
+        let http = app.http.clone();
+        let url = format!("{}/v1/charges", app.address);
+        let key = app.api_key.clone();
+        tokio::spawn(async move { http.get(url).bearer_auth(key).send().await })
+    });
+    let started = Instant::now();
+    let seen = loop {
+        let text = scrape(&app).await;
+        let at_least_one =
+            |family: &str, pool: &str| sample(&text, family, &[("pool", pool)]) >= 1.0;
+        if at_least_one("chargeonce_db_pool_in_use", "worker-0")
+            && at_least_one("chargeonce_db_pool_waiters", "worker-0")
+            && at_least_one("chargeonce_db_pool_in_use", "background")
+        {
+            break text;
+        }
+        let pools: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("chargeonce_db_pool"))
+            .collect();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "pools never seen busy:\n{}",
+            pools.join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    for listing in listings {
+        let reply = listing.await.unwrap().unwrap();
+        assert_eq!(reply.status(), 200);
+    }
+    seen
 }
 
 /// The value of the unlabelled series `family` of a real service, if it has
@@ -344,10 +433,22 @@ async fn metrics_can_have_a_port_of_their_own_or_none() {
     off.get("/metrics").await.assert_problem(404, "not_found");
 }
 
-/// A charge whose processor outcome is unknown: every log line about it,
-/// including the processor call's and the outcome's deep in the charge
-/// flow, carries the request id the client sent, and the access-log line
-/// carries the route, the merchant, the charge and what the key led to.
+/// The fields of the `request` span a JSON log line was written in.
+fn request_span(line: &str) -> serde_json::Value {
+    let parsed: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+    parsed["spans"]
+        .as_array()
+        .and_then(|spans| spans.iter().find(|span| span["name"] == "request"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no request span: {line}"))
+}
+
+/// A charge whose processor outcome is unknown: every log line written
+/// while it is served, including the processor call's and the outcome's
+/// deep in the charge flow, carries the request id the client sent and the
+/// route, as does any later line about the charge its request id; the
+/// access-log line also carries the merchant, the charge and what the key
+/// led to.
 #[tokio::test]
 async fn every_log_line_about_a_request_carries_its_request_id() {
     let db = Database::migrated().await;
@@ -357,11 +458,28 @@ async fn every_log_line_about_a_request_carries_its_request_id() {
         &[
             ("CHARGEONCE__LOG__FORMAT", "json".to_owned()),
             ("RUST_LOG", "info".to_owned()),
-            // The recovery worker stays away: every line below is the request's.
+            // The recovery worker, the only other one with something to say
+            // about a pending charge, stays away: every line written while
+            // the request is served is the request's.
             ("CHARGEONCE__RECOVERY__INTERVAL_MS", "600000".to_owned()),
         ],
     )
     .await;
+    // The start-up lines and the readiness probes' requests come before:
+    // the probe that found the service ready has been logged (a request's
+    // access line is written before its answer is sent).
+    let started = Instant::now();
+    let earlier = loop {
+        let log = service.log();
+        if log
+            .iter()
+            .any(|line| line.contains("\"route\":\"/readyz\"") && line.contains("\"status\":200"))
+        {
+            break log.len();
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{log:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let reply = reqwest::Client::new()
         .post(format!("{}/v1/charges", service.url))
         .bearer_auth(&secret)
@@ -385,18 +503,13 @@ async fn every_log_line_about_a_request_carries_its_request_id() {
     let charge: serde_json::Value = reply.json().await.unwrap();
     let id = charge["id"].as_str().unwrap().to_owned();
 
+    // Every line since, up to the request's access line.
+    let is_access = |line: &String| line.contains("\"message\":\"request\"");
     let started = Instant::now();
     let lines = loop {
-        let lines: Vec<String> = service
-            .log()
-            .into_iter()
-            .filter(|line| line.contains(&id) || line.contains("req-trace-42"))
-            .collect();
-        if lines
-            .iter()
-            .any(|line| line.contains("\"message\":\"request\""))
-        {
-            break lines;
+        let lines = service.log().split_off(earlier);
+        if let Some(end) = lines.iter().position(is_access) {
+            break lines[..=end].to_vec();
         }
         assert!(started.elapsed() < Duration::from_secs(5), "{lines:#?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -409,14 +522,11 @@ async fn every_log_line_about_a_request_carries_its_request_id() {
         "the unknown outcome, deep in the charge flow, is among them: {lines:#?}"
     );
     for line in &lines {
-        assert!(line.contains("req-trace-42"), "{line}");
-        let parsed: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
-        assert!(parsed["spans"].is_array(), "{line}");
+        let request = request_span(line);
+        assert_eq!(request["request_id"], "req-trace-42", "{line}");
+        assert_eq!(request["route"], "/v1/charges", "{line}");
     }
-    let access = lines
-        .iter()
-        .find(|line| line.contains("\"message\":\"request\""))
-        .unwrap();
+    let access = lines.last().unwrap();
     for field in [
         "\"route\":\"/v1/charges\"",
         "\"merchant\":\"mer_",
@@ -425,6 +535,13 @@ async fn every_log_line_about_a_request_carries_its_request_id() {
         "\"status\":202",
     ] {
         assert!(access.contains(field), "{field} missing: {access}");
+    }
+    // Nothing written about the charge afterwards goes without its request.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for line in service.log().split_off(earlier + lines.len()) {
+        if line.contains(&id) {
+            assert_eq!(request_span(&line)["request_id"], "req-trace-42", "{line}");
+        }
     }
 
     // An unacceptable request id is replaced, not logged as sent.
@@ -442,6 +559,107 @@ async fn every_log_line_about_a_request_carries_its_request_id() {
         .unwrap();
     assert_ne!(echoed, "bad id with spaces");
     assert_eq!(echoed.len(), 32);
+}
+
+/// With `chargeonce::db` at debug, every statement runs in a `db` span
+/// named after it and ends with a `statement` line (outcome, elapsed time):
+/// a statement of a request under the request's span, a batched one (its
+/// own task, for many requests) on its own. At the default level, none.
+#[tokio::test]
+async fn database_statements_run_in_spans_at_debug_level() {
+    let db = Database::migrated().await;
+    let secret = db.create_merchant().await;
+    let service = start_service(
+        &db.url,
+        &[
+            ("CHARGEONCE__LOG__FORMAT", "json".to_owned()),
+            ("RUST_LOG", "info,chargeonce::db=debug".to_owned()),
+        ],
+    )
+    .await;
+    let reply = reqwest::Client::new()
+        .post(format!("{}/v1/charges", service.url))
+        .bearer_auth(&secret)
+        .header("Idempotency-Key", "spanned")
+        .header("X-Request-Id", "req-db-7")
+        .header("Content-Type", "application/json")
+        .body(charge_body(100))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 201);
+    let started = Instant::now();
+    let statements: Vec<serde_json::Value> = loop {
+        let log = service.log();
+        if log
+            .iter()
+            .any(|line| line.contains("\"message\":\"request\"") && line.contains("req-db-7"))
+        {
+            break log
+                .iter()
+                .filter(|line| line.contains("\"message\":\"statement\""))
+                .map(|line| serde_json::from_str(line).expect("a JSON line"))
+                .collect();
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{log:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let span = |line: &serde_json::Value, name: &str| {
+        line["spans"]
+            .as_array()
+            .and_then(|spans| spans.iter().find(|span| span["name"] == name))
+            .cloned()
+    };
+    let of = |statement: &str| {
+        statements
+            .iter()
+            .find(|line| {
+                span(line, "db").is_some_and(|db| db["statement"] == statement)
+                    && span(line, "request").is_some_and(|r| r["request_id"] == "req-db-7")
+            })
+            .unwrap_or_else(|| panic!("no line of {statement}: {statements:#?}"))
+    };
+    // The API key's lookup, in the request.
+    let lookup = of("merchants::FIND_BY_DIGEST");
+    assert_eq!(lookup["level"], "DEBUG");
+    assert_eq!(lookup["fields"]["outcome"], "ok");
+    assert!(lookup["fields"]["elapsed_ms"].is_number(), "{lookup}");
+    assert_eq!(span(lookup, "request").unwrap()["route"], "/v1/charges");
+    // The insert, batched.
+    assert!(
+        statements
+            .iter()
+            .any(|line| span(line, "db").is_some_and(|db| db["statement"]
+                .as_str()
+                .is_some_and(|name| name.starts_with("charges::INSERT_OR_FIND")))),
+        "{statements:#?}"
+    );
+
+    // At the default level: no statement lines.
+    let quiet = start_service(
+        &db.url,
+        &[
+            ("CHARGEONCE__LOG__FORMAT", "json".to_owned()),
+            ("RUST_LOG", "info".to_owned()),
+        ],
+    )
+    .await;
+    let reply = reqwest::Client::new()
+        .get(format!("{}/v1/charges", quiet.url))
+        .bearer_auth(&secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 200);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let log = quiet.log();
+    assert!(log
+        .iter()
+        .any(|line| line.contains("\"message\":\"request\"")));
+    assert!(
+        !log.iter().any(|line| line.contains("\"name\":\"db\"")),
+        "{log:#?}"
+    );
 }
 
 /// Secrets never reach a log: the API key (valid or not), the database
