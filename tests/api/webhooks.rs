@@ -529,6 +529,68 @@ async fn signatures_verify_by_the_spec_and_with_standardwebhooks() {
     verify_with_standardwebhooks(secret, &received).await;
 }
 
+/// A receiver that accepts connections and never answers (a hung server):
+/// the dispatcher waits `webhooks.timeout_ms` on each attempt, and holds no
+/// transaction and no lock meanwhile, so charges are created at their usual
+/// pace.
+#[tokio::test]
+async fn a_hung_receiver_never_blocks_charge_creation() {
+    let app = spawn_app_with(|s| {
+        fast(s);
+        s.webhooks.timeout = Duration::from_secs(30);
+    })
+    .await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+    let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let hole = {
+        let held = held.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                held.lock().unwrap().push(socket);
+            }
+        })
+    };
+    create_endpoint(&app.address, &app.api_key, &url, None).await;
+    assert_eq!(
+        app.post_charge("first", &charge_body(100)).await.status,
+        201
+    );
+    let started = Instant::now();
+    while held.lock().unwrap().is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // While an attempt hangs: charges (each with its event) at once, and no
+    // session of this database idle in a transaction.
+    for n in 0..20 {
+        let started = Instant::now();
+        let reply = app
+            .post_charge(&format!("during-{n}"), &charge_body(100))
+            .await;
+        assert_eq!(reply.status, 201, "{}", reply.body);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "charge {n} took {:?} while a delivery hung",
+            started.elapsed()
+        );
+    }
+    let idle_in_transaction = app
+        .count(
+            "SELECT count(*) FROM pg_stat_activity \
+              WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+        )
+        .await;
+    assert_eq!(idle_in_transaction, 0);
+    assert!(!held.lock().unwrap().is_empty(), "the attempt still hangs");
+    assert_eq!(app.count("SELECT count(*) FROM charges").await, 21);
+    hole.abort();
+}
+
 #[tokio::test]
 async fn a_receiver_failing_twice_gets_the_event_on_the_third_attempt() {
     let app = spawn_app_with(fast).await;
