@@ -316,6 +316,7 @@ impl<K: Kind> Lifecycle<K> {
     /// Goes on from a row the key led to: ours and new (process it), final
     /// (replay it) or pending (resume it). `None`: the row vanished while we
     /// looked (its insert was undone); the caller starts over.
+    ///
     /// Call it as soon as the statement that found or inserted the row has
     /// answered: a new row's lease is counted from here.
     pub async fn continue_with(
