@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::{IdempotencySettings, RecoverySettings};
@@ -108,7 +107,6 @@ impl Charges {
         }
         for _ in 0..MAX_KEY_ROUNDS {
             let id = ChargeId::new();
-            let started = Instant::now();
             let inserted = self
                 .inserts
                 .run(PendingCharge {
@@ -131,7 +129,7 @@ impl Charges {
                 }
             };
             same_request(&fingerprint, &charge)?;
-            if let Some(reply) = self.flow.continue_with(charge, created, started).await? {
+            if let Some(reply) = self.flow.continue_with(charge, created).await? {
                 self.flow.remember(merchant, key, &reply.record);
                 return Ok(reply);
             }

@@ -19,9 +19,11 @@
 //!   If the insert of step 1 may have committed although its answer was
 //!   lost, a background task deletes the row again once the database
 //!   answers, as long as nobody has worked on it (`forget_unconfirmed`).
-//! - After the processor answered, the outcome is recorded, retrying while
-//!   the database is away, for as long as our lease lasts; then the answer is
-//!   202 with the row still pending, and whoever comes next finishes it.
+//! - After the processor answered, the outcome is recorded (a final one, or
+//!   an unknown one with the next recovery time, which ends our lease),
+//!   retrying while the database is away, until our lease has surely run
+//!   out by the database's clock too; then the answer is 202 with the row
+//!   still pending, and whoever comes next takes it over at once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,6 +59,12 @@ const MAX_IN_FLIGHT_POLL: Duration = Duration::from_millis(20);
 /// Longest pause between two tries to reach the database while holding an
 /// answer it must record.
 const MAX_RECORD_PAUSE: Duration = Duration::from_secs(1);
+
+/// Added to a lease as this process measures it before it counts as run out
+/// by the database's clock too: `now()` there and the monotonic clock here
+/// may drift apart a little while a lease lasts (NTP slews the wall clock by
+/// up to 0.05 %, 15 ms in a 30 s lease).
+const LEASE_CLOCK_MARGIN: Duration = Duration::from_millis(50);
 
 /// A stored charge or refund, as the engine sees it.
 pub trait Record: Clone + Send + Sync + 'static {
@@ -155,12 +163,25 @@ pub struct Reply<R> {
     pub replayed: bool,
 }
 
-/// A pending record whose lease we hold, and when the lease ends by this
-/// process's clock (measured from before the statement that took it, so it
-/// never ends later than the database thinks).
+/// A pending record whose lease we hold, and by when the lease has surely
+/// run out by the database's clock too.
 pub struct Leased<R> {
     pub record: R,
-    pub until: Instant,
+    pub over_by: Instant,
+}
+
+impl<R> Leased<R> {
+    /// A lease of `lease` taken by a statement that has just answered: the
+    /// database set `locked_until` from its `now()` before it answered, so
+    /// counting from after the answer (plus a margin for clocks) never ends
+    /// sooner than the row's lease. A request that gives up recording when
+    /// this has passed leaves a row that the next retry takes over at once.
+    fn taken_just_now(record: R, lease: Duration) -> Self {
+        Self {
+            record,
+            over_by: Instant::now() + lease + LEASE_CLOCK_MARGIN,
+        }
+    }
 }
 
 /// The engine for one kind: the database (an HTTP worker's own pool), the
@@ -295,19 +316,18 @@ impl<K: Kind> Lifecycle<K> {
     /// Goes on from a row the key led to: ours and new (process it), final
     /// (replay it) or pending (resume it). `None`: the row vanished while we
     /// looked (its insert was undone); the caller starts over.
+    ///
+    /// Call it as soon as the statement that found or inserted the row has
+    /// answered: a new row's lease is counted from here.
     pub async fn continue_with(
         &self,
         record: K::Record,
         created: bool,
-        started: Instant,
     ) -> Result<Option<Reply<K::Record>>, ServiceError> {
         telemetry::record("id", &record.public_id());
         if created {
             outcome::<K>("created");
-            let leased = Leased {
-                record,
-                until: started + self.lease,
-            };
+            let leased = Leased::taken_just_now(record, self.lease);
             return self.process(leased, false).await.map(Some);
         }
         if record.status() != Status::Pending {
@@ -329,7 +349,6 @@ impl<K: Kind> Lifecycle<K> {
         let mut pause = Duration::from_millis(1);
         let mut waited = false;
         loop {
-            let started = Instant::now();
             let found = {
                 let conn = self.db.conn().await?;
                 self.kind
@@ -342,10 +361,7 @@ impl<K: Kind> Lifecycle<K> {
             if taken {
                 outcome::<K>("taken_over");
                 metrics::lease_takeover(K::NAME);
-                let leased = Leased {
-                    record: current,
-                    until: started + self.lease,
-                };
+                let leased = Leased::taken_just_now(current, self.lease);
                 return self.process(leased, true).await.map(Some);
             }
             if current.status() != Status::Pending {
@@ -434,7 +450,6 @@ impl<K: Kind> Lifecycle<K> {
     /// through the same path a request takes; returns how many it claimed.
     /// Used by the recovery worker.
     pub async fn recover_abandoned(&self, batch: i64) -> Result<usize, ServiceError> {
-        let started = Instant::now();
         let claimed = {
             let conn = self.db.conn().await?;
             self.kind.claim_abandoned(&conn, self.lease, batch).await?
@@ -443,11 +458,8 @@ impl<K: Kind> Lifecycle<K> {
         metrics::recovery_claims(K::NAME, count);
         let results = futures_util::future::join_all(claimed.into_iter().map(|record| {
             let span = tracing::info_span!("recover", kind = K::NAME, id = %record.public_id());
-            self.call_processor_and_record(Leased {
-                record,
-                until: started + self.lease,
-            })
-            .instrument(span)
+            self.call_processor_and_record(Leased::taken_just_now(record, self.lease))
+                .instrument(span)
         }))
         .await;
         for result in results {
@@ -496,16 +508,22 @@ impl<K: Kind> Lifecycle<K> {
                     self.retry_cap,
                     rand::thread_rng().gen(),
                 );
-                // One try: if the database is away too, the lease simply
-                // runs out and the next request or the worker goes on.
-                let recorded = async {
-                    let conn = self.db.conn().await?;
-                    self.kind.record_unknown(&conn, record, retry_in).await
-                }
-                .await;
+                // Recording it ends our lease, so a retry need not wait
+                // for the lease to run out: worth trying while it lasts.
+                let recorded = self
+                    .record_within_lease(&leased, "an unknown outcome", move || async move {
+                        let conn = self.db.conn().await?;
+                        self.kind.record_unknown(&conn, record, retry_in).await
+                    })
+                    .await;
                 match recorded {
-                    Ok(Some(recorded)) => Ok(recorded),
-                    Ok(None) => Ok(leased.record),
+                    Ok(Some(Some(recorded))) => Ok(recorded),
+                    // The lease was no longer ours: someone took it over.
+                    Ok(Some(None)) => Ok(leased.record),
+                    Ok(None) => {
+                        tracing::warn!(kind = K::NAME, %id, "cannot record an unknown outcome within the lease; it has run out, so the next retry or the worker goes on at once");
+                        Ok(leased.record)
+                    }
                     Err(error) => {
                         tracing::warn!(kind = K::NAME, %id, error = %error_chain(&error), "cannot record an unknown outcome; the lease will run out");
                         Ok(leased.record)
@@ -523,9 +541,8 @@ impl<K: Kind> Lifecycle<K> {
         outcome: &Outcome,
     ) -> Result<K::Record, ServiceError> {
         let record = &leased.record;
-        let mut pause = Duration::from_millis(50);
-        loop {
-            let recorded = async {
+        let recorded = self
+            .record_within_lease(leased, "the processor's answer", move || async move {
                 match self.outcomes.run((record.clone(), outcome.clone())).await? {
                     Some(recorded) => Ok(Some(recorded)),
                     // Someone else recorded it first (the processor gave them
@@ -538,24 +555,51 @@ impl<K: Kind> Lifecycle<K> {
                             .await
                     }
                 }
+            })
+            .await?;
+        match recorded {
+            Some(recorded) => {
+                crash::point("after_outcome_commit");
+                recorded.ok_or(ServiceError::NotFound)
             }
-            .await;
-            match recorded {
-                Ok(recorded) => {
-                    crash::point("after_outcome_commit");
-                    return recorded.ok_or(ServiceError::NotFound);
-                }
+            None => {
+                tracing::error!(kind = K::NAME, id = %record.public_id(), "processor answered but the outcome could not be recorded within the lease; answering pending");
+                Ok(leased.record.clone())
+            }
+        }
+    }
+
+    /// Runs `record`, a statement that records what the processor said and
+    /// so ends our lease, retrying while the database is away, until it
+    /// gets through or the lease has surely run out (`Ok(None)`). Only then
+    /// may the request answer 202: a retry that follows finds the lease
+    /// over and takes it at once, never 409. Errors other than the
+    /// database being away end it at once.
+    async fn record_within_lease<T, F, Fut>(
+        &self,
+        leased: &Leased<K::Record>,
+        what: &str,
+        record: F,
+    ) -> Result<Option<T>, DbError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, DbError>>,
+    {
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match record().await {
+                Ok(recorded) => return Ok(Some(recorded)),
                 Err(error) if error.is_transient() => {
-                    let id = record.public_id();
-                    if Instant::now() + pause >= leased.until {
-                        tracing::error!(kind = K::NAME, %id, error = %error_chain(&error), "processor answered but the outcome could not be recorded within the lease; answering pending");
-                        return Ok(leased.record.clone());
+                    let id = leased.record.public_id();
+                    tracing::warn!(kind = K::NAME, %id, error = %error_chain(&error), "cannot record {what} yet");
+                    let remaining = leased.over_by.saturating_duration_since(Instant::now());
+                    if remaining.is_zero() {
+                        return Ok(None);
                     }
-                    tracing::warn!(kind = K::NAME, %id, error = %error_chain(&error), "cannot record the processor's answer yet; retrying");
-                    tokio::time::sleep(pause).await;
+                    tokio::time::sleep(pause.min(remaining)).await;
                     pause = (pause * 2).min(MAX_RECORD_PAUSE);
                 }
-                Err(error) => return Err(error.into()),
+                Err(error) => return Err(error),
             }
         }
     }

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::{IdempotencySettings, RecoverySettings};
@@ -70,7 +69,6 @@ impl Refunds {
         }
         for _ in 0..MAX_KEY_ROUNDS {
             let id = RefundId::new();
-            let started = Instant::now();
             let created = async {
                 let conn = self.flow.db.conn().await?;
                 db::refunds::create(
@@ -105,7 +103,7 @@ impl Refunds {
                 }
             };
             same_request(&fingerprint, charge, &refund)?;
-            if let Some(reply) = self.flow.continue_with(refund, created, started).await? {
+            if let Some(reply) = self.flow.continue_with(refund, created).await? {
                 self.flow.remember(merchant, key, &reply.record);
                 return Ok(reply);
             }

@@ -48,17 +48,12 @@ async fn a_processor_400_fails_the_charge_as_processor_rejected_once_and_for_all
     );
 }
 
-#[tokio::test]
-async fn unknown_outcomes_stay_pending_and_recovery_backs_off_per_charge() {
-    let stub = ProcessorStub::start(503).await;
-    let app = app_on(&stub, 100, 800).await;
-    let reply = app.post_charge("outage", &charge_body(1000)).await;
-    assert_eq!(reply.status, 202, "{}", reply.body);
-    assert_eq!(reply.json()["status"], "pending");
-
-    // A worker that did not back off would ask about every 100 ms (about 30
-    // times in 3 s); with 100, 200, 400, 800, 800 ms (each half to all of it,
-    // at random) it asks at most about a dozen times.
+/// Waits 3 s after a charge went pending on `stub` (with `app_on(stub, 100,
+/// 800)`), asserts recovery backed off, and returns the calls. A worker that
+/// did not back off would ask about every 100 ms (about 30 times in 3 s);
+/// with 100, 200, 400, 800, 800 ms (each half to all of it, at random) it
+/// asks at most about a dozen times.
+async fn backs_off(stub: &ProcessorStub) -> Vec<crate::processor_stub::Call> {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let calls = stub.calls();
     assert!(
@@ -75,6 +70,61 @@ async fn unknown_outcomes_stay_pending_and_recovery_backs_off_per_charge() {
         gaps.last().unwrap() >= &Duration::from_millis(350),
         "the pace slowed: {gaps:?}"
     );
+    calls
+}
+
+/// A processor 402 is a final decline: one call, the charge `failed` with
+/// the processor's `decline_code`, the client 402 with it, never re-sent.
+#[tokio::test]
+async fn a_processor_402_fails_the_charge_with_its_decline_code_in_one_call() {
+    let stub = ProcessorStub::start(402).await;
+    let app = app_on(&stub, 100, 1000).await;
+    let first = app.post_charge("declined", &charge_body(1000)).await;
+    let problem = first.assert_problem(402, "card_declined");
+    assert_eq!(problem["charge"]["status"], "failed");
+    assert_eq!(problem["charge"]["failure_code"], "card_declined");
+
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(stub.calls().len(), 1, "final: recovery does not ask again");
+    let replay = app.post_charge("declined", &charge_body(1000)).await;
+    assert_eq!(replay.status, 402);
+    assert_eq!(replay.body, first.body);
+    assert_eq!(stub.calls().len(), 1, "a replay does not ask again");
+    assert_eq!(
+        app.count("SELECT count(*) FROM charges WHERE status = 'failed'")
+            .await,
+        1
+    );
+}
+
+/// A conflict on the processor's key (409, 422) is retried by recovery
+/// with the same backoff as an outage, not at the worker's every round
+/// (the finding: 22 calls in 20 s, one a second).
+#[tokio::test]
+async fn a_key_conflict_at_the_processor_is_retried_with_backoff() {
+    for status in [409, 422] {
+        let stub = ProcessorStub::start(status).await;
+        let app = app_on(&stub, 100, 800).await;
+        let reply = app.post_charge("conflict", &charge_body(1000)).await;
+        assert_eq!(reply.status, 202, "{status}: {}", reply.body);
+        backs_off(&stub).await;
+        assert_eq!(
+            app.count("SELECT count(*) FROM charges WHERE status = 'pending'")
+                .await,
+            1
+        );
+    }
+}
+
+#[tokio::test]
+async fn unknown_outcomes_stay_pending_and_recovery_backs_off_per_charge() {
+    let stub = ProcessorStub::start(503).await;
+    let app = app_on(&stub, 100, 800).await;
+    let reply = app.post_charge("outage", &charge_body(1000)).await;
+    assert_eq!(reply.status, 202, "{}", reply.body);
+    assert_eq!(reply.json()["status"], "pending");
+
+    let calls = backs_off(&stub).await;
     // The pace is kept on the row, so a restart keeps it.
     let client = app.sql().await;
     let row = client
@@ -158,5 +208,110 @@ async fn a_key_conflict_at_the_processor_stays_pending_and_asks_for_attention() 
                 && line.contains(&status.to_string())),
             "{status}: {log:#?}"
         );
+        // Counted as needing attention, for an alert to find.
+        let metrics = reqwest::get(format!("{}/metrics", service.url))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            processor_calls(&metrics, "attention") >= 1.0,
+            "{status}: {metrics}"
+        );
+        assert_eq!(processor_calls(&metrics, "unknown"), 0.0, "{status}");
     }
+}
+
+/// The count of charge calls to the processor with `outcome` in a scrape.
+fn processor_calls(metrics: &str, outcome: &str) -> f64 {
+    let outcome = format!("outcome=\"{outcome}\"");
+    metrics
+        .lines()
+        .filter(|line| {
+            line.starts_with(&format!("{}{{", chargeonce::metrics::PROCESSOR_CALLS))
+                && line.contains("operation=\"charge\"")
+                && line.contains(&outcome)
+        })
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// The recovery pace is kept on the row, so a restart keeps it: after a few
+/// rounds the service is killed and started again, and its first call is
+/// no sooner than the row's `next_attempt_at`, with the attempts counted on
+/// from where they were (a pace kept in memory would start over at once).
+#[tokio::test]
+async fn the_recovery_pace_survives_a_restart() {
+    let stub = ProcessorStub::start(409).await;
+    let db = Database::migrated().await;
+    let secret = db.create_merchant().await;
+    let env = [
+        ("CHARGEONCE__PROCESSOR__KIND", "http".to_owned()),
+        ("CHARGEONCE__PROCESSOR__URL", stub.url.clone()),
+        ("CHARGEONCE__PROCESSOR__RETRIES", "0".to_owned()),
+        ("CHARGEONCE__PROCESSOR__TIMEOUT_MS", "300".to_owned()),
+        ("CHARGEONCE__IDEMPOTENCY__LEASE_MS", "1000".to_owned()),
+        ("CHARGEONCE__RECOVERY__INTERVAL_MS", "200".to_owned()),
+        ("CHARGEONCE__RECOVERY__MAX_BACKOFF_MS", "10000".to_owned()),
+    ];
+    let service = start_service(&db.url, &env).await;
+    let reply = reqwest::Client::new()
+        .post(format!("{}/v1/charges", service.url))
+        .bearer_auth(&secret)
+        .header("Idempotency-Key", "restart")
+        .header("Content-Type", "application/json")
+        .body(charge_body(1000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 202);
+
+    // Five attempts: the next waits 1.6 to 3.2 s (200 ms · 2^4, half to all).
+    let sql = db.client().await;
+    let pace = "SELECT processor_attempts,                        (extract(epoch FROM next_attempt_at - now()) * 1000)::int8                   FROM charges WHERE locked_until <= now()";
+    let started = Instant::now();
+    let (attempts, wait_ms) = loop {
+        if let Some(row) = sql.query_opt(pace, &[]).await.unwrap() {
+            let attempts: i32 = row.get(0);
+            if attempts >= 5 {
+                drop(service);
+                // The row as the killed service left it.
+                let row = sql.query_one(pace, &[]).await.unwrap();
+                break (row.get::<_, i32>(0), row.get::<_, i64>(1));
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "too slow");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let due = Instant::now() + Duration::from_millis(u64::try_from(wait_ms.max(0)).unwrap());
+    let before = stub.calls().len();
+    assert_eq!(before, usize::try_from(attempts).unwrap());
+
+    let _service = start_service(&db.url, &env).await;
+    let started = Instant::now();
+    while stub.calls().len() == before {
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "the restarted service never asked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let next = stub.calls()[before].at;
+    assert!(
+        next + Duration::from_millis(50) >= due,
+        "asked {:?} before the recorded next attempt (wait was {wait_ms} ms)",
+        due - next
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let attempts_after: i32 = sql
+        .query_one("SELECT processor_attempts FROM charges", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        attempts_after,
+        attempts + 1,
+        "counted on across the restart"
+    );
 }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use chargeonce_testkit::{admin_url, server_address, Proxy, ProxyMode};
 
 use crate::helpers::{charge_body, spawn_app_with, REPLAY_CACHE_BYTES};
+use crate::processor_stub::ProcessorStub;
 
 #[tokio::test]
 async fn an_unreachable_database_gives_503_quickly_and_charges_nothing() {
@@ -281,4 +282,124 @@ async fn an_insert_whose_commit_was_unconfirmed_is_undone_so_503_stays_true() {
     let retry = app.post_charge("ghost", &charge_body(200)).await;
     assert_eq!(retry.status, 201);
     assert_eq!(retry.header("idempotent-replayed"), None);
+}
+
+/// An app behind `proxy` that charges through `stub` (one attempt per call)
+/// with a lease of `lease_ms`. The recovery worker stays out of the way: what
+/// finishes a charge below is the client's retry.
+async fn app_on_stub_behind(
+    proxy: &Proxy,
+    stub: &ProcessorStub,
+    lease_ms: u64,
+) -> crate::helpers::TestApp {
+    let url = stub.url.clone();
+    spawn_app_with(move |s| {
+        s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
+        s.database.connect_timeout = Duration::from_millis(300);
+        s.database.query_timeout = Duration::from_millis(500);
+        s.processor.kind = chargeonce::config::ProcessorKind::Http;
+        s.processor.url = url;
+        s.processor.timeout = Duration::from_millis(3000);
+        s.processor.retries = 0;
+        s.idempotency.lease = Duration::from_millis(lease_ms);
+        s.idempotency.in_flight_wait = Duration::from_millis(200);
+        s.recovery.interval = Duration::from_millis(600_000);
+    })
+    .await
+}
+
+/// The database is cut while the processor is working and stays away past
+/// the lease, for an answer the processor gives (201) and for one that
+/// leaves the outcome unknown (503). The request keeps trying to record it
+/// until the lease has run out by the database's clock too, not just about:
+/// the 202 comes no sooner than the lease, and a retry sent right after it,
+/// with the database back, takes the charge over at once and finishes it,
+/// never 409 behind the lease of a request that already gave up.
+#[tokio::test]
+async fn a_retry_right_after_a_202_takes_the_charge_over_at_once() {
+    const LEASE_MS: u64 = 3000;
+    for status in [201, 503] {
+        let proxy = Proxy::start(server_address(&admin_url())).await;
+        let stub = ProcessorStub::start(status).await;
+        stub.delay(Duration::from_millis(1000));
+        let app = app_on_stub_behind(&proxy, &stub, LEASE_MS).await;
+        let request = charge_in_background(&app, "cut").await;
+        proxy.set_mode(ProxyMode::Cut);
+
+        let (elapsed, reply) = request.await.unwrap();
+        assert_eq!(reply.status, 202, "{status}: {}", reply.body);
+        assert_eq!(reply.json()["status"], "pending");
+
+        proxy.set_mode(ProxyMode::Forward);
+        stub.answer(201);
+        stub.delay(Duration::ZERO);
+        let started = Instant::now();
+        let retry = app.post_charge("cut", &charge_body(1000)).await;
+        assert_eq!(retry.status, 201, "{status}: {}", retry.body);
+        assert!(
+            started.elapsed() < Duration::from_millis(1000),
+            "{status}: no wait for a stale lease"
+        );
+        assert!(
+            elapsed >= Duration::from_millis(LEASE_MS),
+            "{status}: answered 202 after {elapsed:?}, before the lease ran out"
+        );
+        assert_eq!(retry.json()["id"], reply.json()["id"]);
+        assert_eq!(stub.calls().len(), 2, "{status}: the retry asked again");
+        assert!(stub.calls().iter().all(|c| c.key == stub.calls()[0].key));
+        assert_eq!(app.charge_rows().await, 1);
+    }
+}
+
+/// The processor's outcome is unknown (503 after a second) and the database
+/// is cut meanwhile, back after 2.5 s. The request keeps trying to record the
+/// unknown outcome, which ends its lease, instead of leaving the lease held
+/// for its whole length (6 s here, 30 s by default) after one try: it
+/// answers 202 once the database is back, and a retry then asks the
+/// processor again at once.
+#[tokio::test]
+async fn an_unknown_outcome_is_recorded_once_the_database_is_back_and_frees_the_lease() {
+    const LEASE_MS: u64 = 6000;
+    let proxy = Proxy::start(server_address(&admin_url())).await;
+    let stub = ProcessorStub::start(503).await;
+    stub.delay(Duration::from_millis(1000));
+    let app = app_on_stub_behind(&proxy, &stub, LEASE_MS).await;
+    let request = charge_in_background(&app, "unknown").await;
+    proxy.set_mode(ProxyMode::Cut);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    proxy.set_mode(ProxyMode::Forward);
+
+    let (elapsed, reply) = request.await.unwrap();
+    assert_eq!(reply.status, 202, "{}", reply.body);
+    assert_eq!(reply.json()["status"], "pending");
+    assert!(
+        elapsed >= Duration::from_millis(2000) && elapsed < Duration::from_millis(LEASE_MS),
+        "recorded once the database was back, within the lease: {elapsed:?}"
+    );
+    // Recorded: the attempt is counted, the lease ended, the pace is set.
+    let row = app
+        .sql()
+        .await
+        .query_one(
+            "SELECT processor_attempts, locked_until <= now(), next_attempt_at > now() \
+             FROM charges",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i32>(0), 1);
+    assert!(row.get::<_, bool>(1), "the lease was released");
+    assert!(row.get::<_, bool>(2));
+
+    stub.answer(201);
+    stub.delay(Duration::ZERO);
+    let started = Instant::now();
+    let retry = app.post_charge("unknown", &charge_body(1000)).await;
+    assert_eq!(retry.status, 201, "{}", retry.body);
+    assert!(
+        started.elapsed() < Duration::from_millis(1000),
+        "no wait for a lease nobody uses"
+    );
+    assert_eq!(retry.json()["id"], reply.json()["id"]);
+    assert_eq!(stub.calls().len(), 2);
 }
