@@ -45,6 +45,16 @@ pub fn through_pgbouncer() -> Option<&'static PgBouncer> {
     }))
 }
 
+/// Where the service's database connections go: PgBouncer in the PgBouncer
+/// pass, else PostgreSQL. A fault proxy between a service and its database
+/// forwards here, so the service behind it runs through PgBouncer too.
+pub fn database_address() -> std::net::SocketAddr {
+    match through_pgbouncer() {
+        Some(pgbouncer) => pgbouncer.address(),
+        None => chargeonce_testkit::server_address(&chargeonce_testkit::admin_url()),
+    }
+}
+
 /// Settings for a test: embedded defaults, this database, a free port.
 pub fn test_settings(database_url: &str) -> Settings {
     let mut settings = direct_settings(database_url);
