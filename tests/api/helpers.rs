@@ -264,6 +264,11 @@ impl TestApp {
         .await
     }
 
+    /// The name of the app's database (on PostgreSQL, and at PgBouncer).
+    pub fn database_name(&self) -> &str {
+        &self.database.name
+    }
+
     /// A plain connection to the app's database, for any SQL a test needs.
     pub async fn sql(&self) -> tokio_postgres::Client {
         self.database.client().await
