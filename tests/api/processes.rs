@@ -103,9 +103,13 @@ pub async fn start_service(database_url: &str, env: &[(&str, String)]) -> Proces
     let mut command = chargeonce_in_pass(database_url);
     command
         .env("CHARGEONCE__SERVER__PORT", "0")
-        .env("RUST_LOG", ANNOUNCING_LOG)
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .arg("serve");
+        .env("RUST_LOG", ANNOUNCING_LOG);
+    // The PgBouncer pass sends every replay to the database, as
+    // `helpers::direct_settings` has the in-process services do.
+    if std::env::var_os("TEST_NO_REPLAY_CACHE").is_some() {
+        command.env("CHARGEONCE__IDEMPOTENCY__REPLAY_CACHE_BYTES", "0");
+    }
+    command.envs(env.iter().map(|(k, v)| (k, v))).arg("serve");
     Spawned::start(command, "/readyz").await
 }
 
