@@ -298,10 +298,12 @@ impl Settings {
                 MS,
                 u128::MAX,
             ),
+            // 0 leaves it to the server: behind PgBouncer, which refuses
+            // the startup option that would carry it.
             (
                 "database.statement_timeout_ms",
                 db.statement_timeout.as_millis(),
-                MS,
+                0,
                 u128::MAX,
             ),
             (
@@ -625,6 +627,20 @@ mod tests {
                 "{var}={value}: `{error}` does not name {key}"
             );
         }
+    }
+
+    /// What README's "Running behind PgBouncer" asks for is accepted.
+    #[test]
+    fn the_settings_for_pgbouncer_load() {
+        let settings = load(&[
+            ("CHARGEONCE__DATABASE__PREPARED_STATEMENTS", "false"),
+            ("CHARGEONCE__DATABASE__STATEMENT_TIMEOUT_MS", "0"),
+            ("CHARGEONCE__DATABASE__MIGRATE_ON_START", "false"),
+        ])
+        .expect("valid");
+        assert!(!settings.database.prepared_statements);
+        assert_eq!(settings.database.statement_timeout, Duration::ZERO);
+        assert!(!settings.database.migrate_on_start);
     }
 
     #[test]

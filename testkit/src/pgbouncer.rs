@@ -5,14 +5,21 @@
 //! PgBouncer refuses to run as root, so as root it runs as the `postgres`
 //! user. It is started through a small shell watchdog that stops it when
 //! the test process is gone, since a process-wide instance is never dropped.
+//!
+//! The user it is started for is also its admin (`admin_users`), so a test
+//! can read the admin console (`SHOW CLIENTS` on the `pgbouncer` database):
+//! through PgBouncer, PostgreSQL's backends are PgBouncer's, and only there
+//! are the service's own connections seen.
 
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub struct PgBouncer {
     pub port: u16,
+    /// The user it lets in, and its admin.
+    user: String,
     dir: PathBuf,
     _child: Child,
 }
@@ -22,7 +29,7 @@ const RUN_AS: &str = "postgres";
 
 impl PgBouncer {
     /// Starts PgBouncer forwarding every database to the server of
-    /// `server_url`, with trust authentication for `user`.
+    /// `server_url`, with trust authentication for `user`, its admin too.
     pub fn start(server_url: &str, user: &str) -> Self {
         let server = url::Url::parse(server_url).expect("a URL");
         let host = server.host_str().unwrap_or("127.0.0.1").to_owned();
@@ -49,6 +56,7 @@ impl PgBouncer {
              unix_socket_dir =\n\
              auth_type = trust\n\
              auth_file = {users}\n\
+             admin_users = {user}\n\
              pool_mode = transaction\n\
              ignore_startup_parameters = extra_float_digits,options\n\
              max_client_conn = 5000\n\
@@ -100,9 +108,53 @@ impl PgBouncer {
         }
         Self {
             port,
+            user: user.to_owned(),
             dir,
             _child: child,
         }
+    }
+
+    /// Where it listens, for a fault proxy put in front of it.
+    pub fn address(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// A connection to the admin console (the `pgbouncer` database), which
+    /// takes simple queries only (`SHOW …`).
+    pub async fn admin(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::Config::new()
+            .host("127.0.0.1")
+            .port(self.port)
+            .user(&self.user)
+            .dbname("pgbouncer")
+            .connect(tokio_postgres::NoTls)
+            .await
+            .unwrap_or_else(|e| panic!("PgBouncer's admin console: {e}"));
+        tokio::spawn(connection);
+        client
+    }
+
+    /// How many client connections named `application_name` are open to
+    /// `database` now (`SHOW CLIENTS` on the admin console `admin`), waiting
+    /// for a server connection or not.
+    pub async fn clients(
+        admin: &tokio_postgres::Client,
+        database: &str,
+        application_name: &str,
+    ) -> usize {
+        admin
+            .simple_query("SHOW CLIENTS")
+            .await
+            .expect("SHOW CLIENTS")
+            .iter()
+            .filter(|message| match message {
+                tokio_postgres::SimpleQueryMessage::Row(row) => {
+                    row.get("database") == Some(database)
+                        && row.get("application_name") == Some(application_name)
+                }
+                _ => false,
+            })
+            .count()
     }
 
     /// `url` (a database on the server) through this PgBouncer.

@@ -10,6 +10,7 @@ use crate::processes::{chargeonce, run, start_service, Database};
 #[tokio::test]
 async fn merchant_create_prints_only_the_secret_and_stores_only_its_digest() {
     let db = Database::new().await;
+    // Direct in both passes: the CLI migrates this empty database first.
     let mut command = chargeonce(&db.url);
     command.args(["merchant", "create", "Acme Books"]);
     let output = run(command).await;
@@ -79,6 +80,7 @@ async fn migrations_are_safe_when_several_instances_start_at_once() {
     let db = Database::new().await;
     let runs: Vec<_> = (0..4)
         .map(|_| {
+            // Direct in both passes: a migration holds a session lock.
             let mut command = chargeonce(&db.url);
             command.arg("migrate");
             run(command)

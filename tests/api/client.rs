@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use chargeonce_client::{
     ChargeStatus, Client, Error, IdempotencyKey, ListParams, NewCharge, RetryPolicy,
 };
-use chargeonce_testkit::{admin_url, server_address, Proxy, ProxyMode};
+use chargeonce_testkit::{Proxy, ProxyMode};
 use futures_util::{StreamExt, TryStreamExt};
 use uuid::Uuid;
 
@@ -318,7 +318,7 @@ async fn a_declined_charge_is_returned_as_declined_after_one_request() {
 async fn calls_made_while_the_database_is_unreachable_complete_when_it_returns() {
     const CALLS: i64 = 8;
     let db = Database::migrated().await;
-    let postgres = Proxy::start(server_address(&admin_url())).await;
+    let postgres = Proxy::start(crate::helpers::database_address()).await;
     let through_proxy = postgres.url_for(&db.url);
     let service = Service::start(
         db,

@@ -2,9 +2,10 @@
 
 use std::time::Duration;
 
+use chargeonce_testkit::PgBouncer;
 use futures_util::future::join_all;
 
-use crate::helpers::{charge_body, spawn_app, spawn_app_with, through_pgbouncer};
+use crate::helpers::{charge_body, spawn_app, spawn_app_with, through_pgbouncer, TestApp};
 
 #[tokio::test]
 async fn fifty_concurrent_requests_with_one_key_make_one_charge() {
@@ -67,13 +68,15 @@ async fn worker_pools_share_the_configured_pool_size() {
         s.processor.latency = Duration::from_millis(5);
     })
     .await;
-    let backends = "SELECT count(*) FROM pg_stat_activity \
-                    WHERE datname = current_database() AND application_name = 'chargeonce'";
+    let admin = match through_pgbouncer() {
+        Some(pgbouncer) => Some(pgbouncer.admin().await),
+        None => None,
+    };
     let done = std::sync::atomic::AtomicBool::new(false);
     let watch = async {
         let mut peak = 0;
         while !done.load(std::sync::atomic::Ordering::Relaxed) {
-            peak = peak.max(app.count(backends).await);
+            peak = peak.max(service_connections(&app, admin.as_ref()).await);
             tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         }
         peak
@@ -100,18 +103,31 @@ async fn worker_pools_share_the_configured_pool_size() {
     for reply in &replies {
         assert_eq!(reply.status, 201, "{}", reply.body);
     }
-    // Through PgBouncer (transaction pooling) the backends counted are
-    // PgBouncer's server connections, which it shares out to the service's
-    // connections a transaction at a time: how many there are says nothing
-    // of the service's pools (two were seen carrying 120 staggered charges).
-    if through_pgbouncer().is_some() {
-        return;
-    }
-    let limit = (POOL_SIZE + chargeonce::startup::BACKGROUND_CONNECTIONS) as i64;
+    let limit = POOL_SIZE + chargeonce::startup::BACKGROUND_CONNECTIONS;
     assert!(
         peak <= limit,
         "{peak} connections open, more than pool_size {POOL_SIZE} + background"
     );
     // Both workers' pools were in use, or the bound above proves nothing.
     assert!(peak > 2, "only {peak} connections were ever open");
+}
+
+/// The connections the service holds to its database now: PostgreSQL's
+/// backends, or through PgBouncer (transaction pooling, `admin` its admin
+/// console) its client connections there. Through PgBouncer the backends
+/// are PgBouncer's, shared out a transaction at a time, and say nothing of
+/// the service's pools (two were seen carrying 120 staggered charges).
+async fn service_connections(app: &TestApp, admin: Option<&tokio_postgres::Client>) -> usize {
+    match admin {
+        Some(admin) => PgBouncer::clients(admin, app.database_name(), "chargeonce").await,
+        None => {
+            let backends = app
+                .count(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND application_name = 'chargeonce'",
+                )
+                .await;
+            usize::try_from(backends).expect("a count")
+        }
+    }
 }

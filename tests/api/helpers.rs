@@ -45,6 +45,16 @@ pub fn through_pgbouncer() -> Option<&'static PgBouncer> {
     }))
 }
 
+/// Where the service's database connections go: PgBouncer in the PgBouncer
+/// pass, else PostgreSQL. A fault proxy between a service and its database
+/// forwards here, so the service behind it runs through PgBouncer too.
+pub fn database_address() -> std::net::SocketAddr {
+    match through_pgbouncer() {
+        Some(pgbouncer) => pgbouncer.address(),
+        None => chargeonce_testkit::server_address(&chargeonce_testkit::admin_url()),
+    }
+}
+
 /// Settings for a test: embedded defaults, this database, a free port.
 pub fn test_settings(database_url: &str) -> Settings {
     let mut settings = direct_settings(database_url);
@@ -252,6 +262,11 @@ impl TestApp {
                 .bearer_auth(api_key),
         )
         .await
+    }
+
+    /// The name of the app's database (on PostgreSQL, and at PgBouncer).
+    pub fn database_name(&self) -> &str {
+        &self.database.name
     }
 
     /// A plain connection to the app's database, for any SQL a test needs.

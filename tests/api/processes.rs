@@ -3,14 +3,17 @@
 
 use std::process::{Command, Output};
 
-use chargeonce_testkit::{Spawned, TestDatabase};
+use chargeonce_testkit::{admin_url, server_address, Spawned, TestDatabase};
 use serde_json::Value;
 
-use crate::helpers::migrated_database;
+use crate::helpers::{migrated_database, through_pgbouncer};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_chargeonce");
 
-/// The binary with a clean environment: only what the test sets.
+/// The binary with a clean environment: only what the test sets. It
+/// connects to `database_url` as given, in both passes: directly for the
+/// CLI tests that migrate (a migration holds a session lock, so never
+/// through PgBouncer); `chargeonce_in_pass` for the rest.
 pub fn chargeonce(database_url: &str) -> Command {
     let mut command = Command::new(BIN);
     command
@@ -52,9 +55,10 @@ impl Database {
         Self(migrated_database().await)
     }
 
-    /// Creates a merchant with the real CLI; returns its secret key.
+    /// Creates a merchant with the real CLI (through PgBouncer in the
+    /// PgBouncer pass, so on a migrated database); returns its secret key.
     pub async fn create_merchant(&self) -> String {
-        let mut command = chargeonce(&self.url);
+        let mut command = chargeonce_in_pass(&self.url);
         command.args(["merchant", "create", "Test merchant"]);
         let output = run(command).await;
         assert!(
@@ -69,14 +73,43 @@ impl Database {
 /// A real process (service or psp-sim), killed when dropped.
 pub type Process = Spawned;
 
-/// `chargeonce serve` on a port of its choosing, ready when /readyz says so.
+/// The binary connected the way this pass connects services: as
+/// `chargeonce`, or in the PgBouncer pass (`TEST_PGBOUNCER`) as the
+/// in-process services are (`helpers::test_settings`): through the run's
+/// PgBouncer, with unnamed statements, no startup options and no
+/// migrations (they hold a session lock), so the database must be migrated
+/// already. A `database_url` on the test server is sent through PgBouncer;
+/// any other address is a fault proxy, which must forward to
+/// `helpers::database_address()`.
+pub fn chargeonce_in_pass(database_url: &str) -> Command {
+    let Some(pgbouncer) = through_pgbouncer() else {
+        return chargeonce(database_url);
+    };
+    let mut command = if server_address(database_url) == server_address(&admin_url()) {
+        chargeonce(&pgbouncer.url_for(database_url))
+    } else {
+        chargeonce(database_url)
+    };
+    command
+        .env("CHARGEONCE__DATABASE__PREPARED_STATEMENTS", "false")
+        .env("CHARGEONCE__DATABASE__STATEMENT_TIMEOUT_MS", "0")
+        .env("CHARGEONCE__DATABASE__MIGRATE_ON_START", "false");
+    command
+}
+
+/// `chargeonce serve` on a port of its choosing, ready when /readyz says so;
+/// through PgBouncer in the PgBouncer pass (`chargeonce_in_pass`).
 pub async fn start_service(database_url: &str, env: &[(&str, String)]) -> Process {
-    let mut command = chargeonce(database_url);
+    let mut command = chargeonce_in_pass(database_url);
     command
         .env("CHARGEONCE__SERVER__PORT", "0")
-        .env("RUST_LOG", ANNOUNCING_LOG)
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .arg("serve");
+        .env("RUST_LOG", ANNOUNCING_LOG);
+    // The PgBouncer pass sends every replay to the database, as
+    // `helpers::direct_settings` has the in-process services do.
+    if std::env::var_os("TEST_NO_REPLAY_CACHE").is_some() {
+        command.env("CHARGEONCE__IDEMPOTENCY__REPLAY_CACHE_BYTES", "0");
+    }
+    command.envs(env.iter().map(|(k, v)| (k, v))).arg("serve");
     Spawned::start(command, "/readyz").await
 }
 

@@ -827,6 +827,10 @@ async fn retention_deletes_old_delivered_events_and_keeps_the_rest() {
             .unwrap();
         }
     };
+    // One transaction: the sweep (every 100 ms) sees these rows at once,
+    // never an old event whose delivery is yet to come (it deleted one
+    // before its attempt was added: a foreign key error).
+    sql.batch_execute("BEGIN").await.unwrap();
     let old_delivered = old_event(charges[0], "charge.pending", true).await;
     delivery(old_delivered, "delivered").await;
     let old_failed = old_event(charges[0], "charge.failed", true).await;
@@ -836,6 +840,7 @@ async fn retention_deletes_old_delivered_events_and_keeps_the_rest() {
     delivery(old_pending, "pending").await;
     let old_undispatched = old_event(charges[2], "charge.pending", false).await;
     delivery(recent_delivered, "delivered").await;
+    sql.batch_execute("COMMIT").await.unwrap();
 
     let gone = [old_delivered, old_failed, old_without_endpoints];
     let started = Instant::now();
