@@ -6,9 +6,9 @@
 use secrecy::ExposeSecret;
 use std::time::Duration;
 
-use chargeonce_testkit::{admin_url, server_address, Proxy, ProxyMode};
+use chargeonce_testkit::{Proxy, ProxyMode};
 
-use crate::helpers::{charge_body, spawn_app_with, TestApp, REPLAY_CACHE_BYTES};
+use crate::helpers::{charge_body, database_address, spawn_app_with, TestApp, REPLAY_CACHE_BYTES};
 
 async fn app_behind(proxy: &Proxy, cache_bytes: u64) -> TestApp {
     spawn_app_with(|s| {
@@ -21,7 +21,7 @@ async fn app_behind(proxy: &Proxy, cache_bytes: u64) -> TestApp {
 
 #[tokio::test]
 async fn final_answers_are_replayed_without_the_database() {
-    let proxy = Proxy::start(server_address(&admin_url())).await;
+    let proxy = Proxy::start(database_address()).await;
     let app = app_behind(&proxy, REPLAY_CACHE_BYTES).await;
     let succeeded = app.post_charge("paid", &charge_body(1000)).await;
     assert_eq!(succeeded.status, 201, "{}", succeeded.body);
@@ -60,7 +60,7 @@ async fn final_answers_are_replayed_without_the_database() {
 
 #[tokio::test]
 async fn a_refund_key_replayed_on_another_charge_is_refused_from_memory() {
-    let proxy = Proxy::start(server_address(&admin_url())).await;
+    let proxy = Proxy::start(database_address()).await;
     let app = app_behind(&proxy, REPLAY_CACHE_BYTES).await;
     let first = app.succeeded_charge("first", 1000).await;
     let second = app.succeeded_charge("second", 1000).await;
@@ -75,7 +75,7 @@ async fn a_refund_key_replayed_on_another_charge_is_refused_from_memory() {
 
 #[tokio::test]
 async fn a_pending_charge_is_never_answered_from_memory() {
-    let proxy = Proxy::start(server_address(&admin_url())).await;
+    let proxy = Proxy::start(database_address()).await;
     let app = app_behind(&proxy, REPLAY_CACHE_BYTES).await;
     // Amounts ending in 09: the simulated processor takes the payment and
     // times out on the first call, so the charge stays pending.
@@ -99,7 +99,7 @@ async fn a_pending_charge_is_never_answered_from_memory() {
 
 #[tokio::test]
 async fn with_the_cache_off_every_replay_asks_the_database() {
-    let proxy = Proxy::start(server_address(&admin_url())).await;
+    let proxy = Proxy::start(database_address()).await;
     let app = app_behind(&proxy, 0).await;
     assert_eq!(
         app.post_charge("paid", &charge_body(1000)).await.status,

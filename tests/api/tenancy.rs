@@ -3,7 +3,7 @@
 use secrecy::ExposeSecret;
 use std::time::{Duration, Instant};
 
-use crate::helpers::{charge_body, spawn_app, spawn_app_with};
+use crate::helpers::{charge_body, database_address, spawn_app, spawn_app_with};
 
 #[tokio::test]
 async fn another_merchants_charge_is_404_and_not_listed() {
@@ -109,8 +109,8 @@ async fn a_revoked_key_stops_working_within_the_cache_ttl() {
 /// still answered 401 at once, so it asked nothing.
 #[tokio::test]
 async fn a_flood_of_one_bogus_key_costs_one_lookup() {
-    use chargeonce_testkit::{admin_url, server_address, Proxy, ProxyMode};
-    let proxy = Proxy::start(server_address(&admin_url())).await;
+    use chargeonce_testkit::{Proxy, ProxyMode};
+    let proxy = Proxy::start(database_address()).await;
     let app = spawn_app_with(|s| {
         s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
         s.database.query_timeout = Duration::from_millis(500);

@@ -4,14 +4,14 @@
 use secrecy::ExposeSecret;
 use std::time::{Duration, Instant};
 
-use chargeonce_testkit::{admin_url, server_address, Proxy, ProxyMode};
+use chargeonce_testkit::{Proxy, ProxyMode};
 
-use crate::helpers::{charge_body, spawn_app_with, REPLAY_CACHE_BYTES};
+use crate::helpers::{charge_body, database_address, spawn_app_with, REPLAY_CACHE_BYTES};
 use crate::processor_stub::ProcessorStub;
 
 #[tokio::test]
 async fn an_unreachable_database_gives_503_quickly_and_charges_nothing() {
-    let proxy = Proxy::start(server_address(&admin_url())).await;
+    let proxy = Proxy::start(database_address()).await;
     let app = spawn_app_with(|s| {
         s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
         s.database.connect_timeout = Duration::from_millis(500);
@@ -61,7 +61,7 @@ async fn an_unreachable_database_gives_503_quickly_and_charges_nothing() {
 #[tokio::test]
 async fn a_partition_is_answered_within_the_deadline_and_heals_quickly() {
     const QUERY_TIMEOUT_MS: u64 = 1000;
-    let proxy = Proxy::start(server_address(&admin_url())).await;
+    let proxy = Proxy::start(database_address()).await;
     let app = spawn_app_with(|s| {
         s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
         s.database.pool_size = 4;
@@ -170,7 +170,7 @@ async fn charge_in_background(
 /// back, answers 201 with the charge.
 #[tokio::test]
 async fn an_outcome_is_recorded_once_the_database_is_back_never_503() {
-    let proxy = Proxy::start(server_address(&admin_url())).await;
+    let proxy = Proxy::start(database_address()).await;
     let app = spawn_app_with(|s| {
         s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
         s.database.connect_timeout = Duration::from_millis(300);
@@ -206,7 +206,7 @@ async fn an_outcome_is_recorded_once_the_database_is_back_never_503() {
 /// charge at once instead of waiting behind a stale lease.
 #[tokio::test]
 async fn an_outcome_that_cannot_be_recorded_within_the_lease_is_202_pending() {
-    let proxy = Proxy::start(server_address(&admin_url())).await;
+    let proxy = Proxy::start(database_address()).await;
     let app = spawn_app_with(|s| {
         s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
         s.database.connect_timeout = Duration::from_millis(300);
@@ -249,7 +249,7 @@ async fn an_outcome_that_cannot_be_recorded_within_the_lease_is_202_pending() {
 /// undone as soon as the database answers.
 #[tokio::test]
 async fn an_insert_whose_commit_was_unconfirmed_is_undone_so_503_stays_true() {
-    let proxy = Proxy::start(server_address(&admin_url())).await;
+    let proxy = Proxy::start(database_address()).await;
     let app = spawn_app_with(|s| {
         s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
         s.server.workers = 1;
@@ -319,7 +319,7 @@ async fn app_on_stub_behind(
 async fn a_retry_right_after_a_202_takes_the_charge_over_at_once() {
     const LEASE_MS: u64 = 3000;
     for status in [201, 503] {
-        let proxy = Proxy::start(server_address(&admin_url())).await;
+        let proxy = Proxy::start(database_address()).await;
         let stub = ProcessorStub::start(status).await;
         stub.delay(Duration::from_millis(1000));
         let app = app_on_stub_behind(&proxy, &stub, LEASE_MS).await;
@@ -360,7 +360,7 @@ async fn a_retry_right_after_a_202_takes_the_charge_over_at_once() {
 #[tokio::test]
 async fn an_unknown_outcome_is_recorded_once_the_database_is_back_and_frees_the_lease() {
     const LEASE_MS: u64 = 6000;
-    let proxy = Proxy::start(server_address(&admin_url())).await;
+    let proxy = Proxy::start(database_address()).await;
     let stub = ProcessorStub::start(503).await;
     stub.delay(Duration::from_millis(1000));
     let app = app_on_stub_behind(&proxy, &stub, LEASE_MS).await;
