@@ -287,7 +287,14 @@ async fn refunds_are_listed_newest_first_per_charge_and_overall() {
 /// (nothing), every time, and the charge's books agree with its refunds.
 #[tokio::test]
 async fn fifty_concurrent_refunds_with_different_keys_never_over_refund() {
-    let app = spawn_app_with(|s| s.processor.latency = std::time::Duration::from_millis(5)).await;
+    let app = spawn_app_with(|s| {
+        s.processor.latency = std::time::Duration::from_millis(5);
+        // 50 requests queue for a few connections; on a loaded machine the
+        // queue can outlast the 1 s default wait, and a 503 would hide
+        // what this test is about.
+        s.database.connect_timeout = std::time::Duration::from_secs(10);
+    })
+    .await;
     for round in 0..20 {
         let charge = app.succeeded_charge(&format!("charge-{round}"), 1000).await;
         let replies: Vec<Reply> = futures_util::future::join_all((0..50).map(|i| {
@@ -334,7 +341,13 @@ async fn fifty_concurrent_refunds_with_different_keys_never_over_refund() {
 async fn concurrent_refunds_across_two_instances_never_over_refund() {
     let db = Database::migrated().await;
     let secret = db.create_merchant().await;
-    let (a, b) = tokio::join!(start_service(&db.url, &[]), start_service(&db.url, &[]));
+    // As above: a queue of refunds may wait longer than the 1 s default for
+    // a connection on a loaded machine.
+    let env = [(
+        "CHARGEONCE__DATABASE__CONNECT_TIMEOUT_MS",
+        "10000".to_owned(),
+    )];
+    let (a, b) = tokio::join!(start_service(&db.url, &env), start_service(&db.url, &env));
     let http = reqwest::Client::new();
     let post = |base: &str, path: String, key: String, body: &'static str| {
         http.post(format!("{base}{path}"))
