@@ -356,6 +356,37 @@ async fn health_readiness_and_unknown_routes() {
     assert_eq!(delete.status(), 405);
 }
 
+/// `/readyz` is 200 only while the database carries every migration this
+/// binary knows: a database one migration behind, or never migrated, is
+/// 503, so a load balancer keeps traffic away until `chargeonce migrate`.
+#[tokio::test]
+async fn readiness_requires_every_migration() {
+    let app = spawn_app().await;
+    let latest = chargeonce::db::latest_migration();
+    let ready = app.get("/readyz").await;
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    assert_eq!(ready.json()["migration"], latest);
+
+    let sql = app.sql().await;
+    sql.execute(
+        "DELETE FROM refinery_schema_history WHERE version = $1",
+        &[&i32::try_from(latest).unwrap()],
+    )
+    .await
+    .unwrap();
+    app.get("/readyz")
+        .await
+        .assert_problem(503, "service_unavailable");
+
+    sql.batch_execute("DROP TABLE refinery_schema_history")
+        .await
+        .unwrap();
+    app.get("/readyz")
+        .await
+        .assert_problem(503, "service_unavailable");
+    assert_eq!(app.get("/healthz").await.status, 200, "alive all along");
+}
+
 /// Keys stored before fingerprints were taken of the normalised request
 /// carry the fingerprint of the raw body (SHA-256 of its canonical JSON); a
 /// retry of such a request still replays instead of getting 422.
