@@ -204,6 +204,29 @@ async fn a_batch_task_that_panics_loses_its_batch_only_and_frees_its_slot() {
     assert_eq!(*sizes.lock().unwrap(), [1, 2, 1]);
 }
 
+/// A panicking batch with nobody queued behind it has no one to pass its
+/// slot to: it frees the slot, and the next requests go at once.
+#[tokio::test]
+async fn a_lone_batch_task_that_panics_frees_its_slot() {
+    let app = spawn_app().await;
+    let (batcher, sizes) = numbers_batcher(&app, 8).await;
+
+    let lost = tokio::time::timeout(Duration::from_secs(10), batcher.run(PANICS))
+        .await
+        .expect("the panicked batch's request is answered")
+        .unwrap_err();
+    assert!(matches!(lost, DbError::BatchLost), "{lost:?}");
+    // Let the panicked task finish unwinding, so the slot is freed with an
+    // empty queue (the case under test), not handed to a waiting request.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    for n in [8, 9] {
+        let alone = tokio::time::timeout(Duration::from_secs(10), batcher.run(n)).await;
+        assert_eq!(alone.expect("the slot was freed").unwrap(), n);
+    }
+    assert_eq!(*sizes.lock().unwrap(), [1, 1, 1]);
+}
+
 #[tokio::test]
 async fn a_row_the_database_refuses_fails_only_its_own_request() {
     let app = spawn_app().await;
