@@ -70,4 +70,22 @@ mod tests {
             Fingerprint::from_bytes(&[7; 32])
         );
     }
+
+    /// Each type reads only the column type it is stored in: a statement
+    /// that selects another type is refused by tokio-postgres before any
+    /// byte is decoded, instead of bytes read as something they are not.
+    #[test]
+    fn each_type_accepts_only_its_column_type() {
+        for ty in [Type::TEXT, Type::VARCHAR] {
+            assert!(Status::accepts(&ty), "{ty}");
+            assert!(RefundReason::accepts(&ty), "{ty}");
+            assert!(!Fingerprint::accepts(&ty), "{ty}");
+        }
+        assert!(Fingerprint::accepts(&Type::BYTEA));
+        for ty in [Type::BYTEA, Type::INT4, Type::UUID] {
+            assert!(!Status::accepts(&ty), "{ty}");
+            assert!(!RefundReason::accepts(&ty), "{ty}");
+        }
+        assert!(!Fingerprint::accepts(&Type::INT4));
+    }
 }
