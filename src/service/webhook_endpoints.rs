@@ -39,7 +39,10 @@ impl WebhookEndpoints {
 
     /// The same flows on another pool.
     pub fn with_database(&self, db: Database) -> Self {
-        Self { db, ..self.clone() }
+        Self {
+            db,
+            targets: self.targets.clone(),
+        }
     }
 
     pub async fn create(
