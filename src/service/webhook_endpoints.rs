@@ -41,7 +41,7 @@ impl WebhookEndpoints {
     pub fn with_database(&self, db: Database) -> Self {
         Self {
             db,
-            targets: self.targets.clone(),
+            targets: self.targets,
         }
     }
 
