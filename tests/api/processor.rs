@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::helpers::{charge_body, spawn_app_with, TestApp};
-use crate::processes::{start_service, Database};
+use crate::processes::{start_service, Database, Process};
 use crate::processor_stub::ProcessorStub;
 
 /// An app on the stub with short leases and a quick, capped recovery pace;
@@ -186,15 +186,7 @@ async fn a_key_conflict_at_the_processor_stays_pending_and_asks_for_attention() 
             ],
         )
         .await;
-        let reply = reqwest::Client::new()
-            .post(format!("{}/v1/charges", service.url))
-            .bearer_auth(&secret)
-            .header("Idempotency-Key", "conflict")
-            .header("Content-Type", "application/json")
-            .body(charge_body(1000))
-            .send()
-            .await
-            .unwrap();
+        let reply = post_charge(&service, &secret, "conflict").await;
         assert_eq!(reply.status(), 202);
         let charge: serde_json::Value = reply.json().await.unwrap();
         assert_eq!(charge["status"], "pending");
@@ -256,15 +248,7 @@ async fn the_recovery_pace_survives_a_restart() {
         ("CHARGEONCE__RECOVERY__MAX_BACKOFF_MS", "10000".to_owned()),
     ];
     let service = start_service(&db.url, &env).await;
-    let reply = reqwest::Client::new()
-        .post(format!("{}/v1/charges", service.url))
-        .bearer_auth(&secret)
-        .header("Idempotency-Key", "restart")
-        .header("Content-Type", "application/json")
-        .body(charge_body(1000))
-        .send()
-        .await
-        .unwrap();
+    let reply = post_charge(&service, &secret, "restart").await;
     assert_eq!(reply.status(), 202);
 
     // Five attempts: the next waits 1.6 to 3.2 s (200 ms · 2^4, half to all).
@@ -314,4 +298,17 @@ async fn the_recovery_pace_survives_a_restart() {
         attempts + 1,
         "counted on across the restart"
     );
+}
+
+/// POST /v1/charges of 1,000 to a spawned service under `key`.
+async fn post_charge(service: &Process, secret: &str, key: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{}/v1/charges", service.url))
+        .bearer_auth(secret)
+        .header("Idempotency-Key", key)
+        .header("Content-Type", "application/json")
+        .body(charge_body(1000))
+        .send()
+        .await
+        .unwrap()
 }
