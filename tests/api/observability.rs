@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::helpers::{charge_body, spawn_app_with, TestApp};
-use crate::processes::{start_service, Database, Process};
+use crate::processes::{start_service, Database};
 use crate::webhook_receiver::{create_endpoint, Answer, Receiver};
 
 /// The sum of the samples of `family` whose labels include all of `labels`
@@ -243,28 +243,14 @@ async fn busy_pools_and_a_waiting_duplicate() -> String {
         let key = app.api_key.clone();
         tokio::spawn(async move { http.get(url).bearer_auth(key).send().await })
     });
-    let started = Instant::now();
-    let seen = loop {
-        let text = scrape(&app).await;
+    let seen = wait_for_metrics(&app.address, "busy pools", "chargeonce_db_pool", |text| {
         let at_least_one =
-            |family: &str, pool: &str| sample(&text, family, &[("pool", pool)]) >= 1.0;
-        if at_least_one("chargeonce_db_pool_in_use", "worker-0")
+            |family: &str, pool: &str| sample(text, family, &[("pool", pool)]) >= 1.0;
+        at_least_one("chargeonce_db_pool_in_use", "worker-0")
             && at_least_one("chargeonce_db_pool_waiters", "worker-0")
             && at_least_one("chargeonce_db_pool_in_use", "background")
-        {
-            break text;
-        }
-        let pools: Vec<&str> = text
-            .lines()
-            .filter(|l| l.starts_with("chargeonce_db_pool"))
-            .collect();
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "pools never seen busy:\n{}",
-            pools.join("\n")
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    })
+    .await;
     locker.batch_execute("ROLLBACK").await.unwrap();
     for listing in listings {
         let reply = listing.await.unwrap().unwrap();
@@ -280,11 +266,18 @@ fn gauge(text: &str, family: &str) -> Option<f64> {
         .find_map(|line| line.strip_prefix(family)?.strip_prefix(' ')?.parse().ok())
 }
 
-/// Scrapes `service` until `done` holds for its metrics; the last scrape.
-async fn wait_for_metrics(service: &Process, what: &str, done: impl Fn(&str) -> bool) -> String {
+/// Scrapes the service at `base_url` until `done` holds for its metrics; the
+/// last scrape. On timeout it shows the series whose names start with
+/// `family_prefix`.
+async fn wait_for_metrics(
+    base_url: &str,
+    what: &str,
+    family_prefix: &str,
+    done: impl Fn(&str) -> bool,
+) -> String {
     let started = Instant::now();
     loop {
-        let text = reqwest::get(format!("{}/metrics", service.url))
+        let text = reqwest::get(format!("{base_url}/metrics"))
             .await
             .unwrap()
             .text()
@@ -293,14 +286,14 @@ async fn wait_for_metrics(service: &Process, what: &str, done: impl Fn(&str) -> 
         if done(&text) {
             return text;
         }
-        let webhook: Vec<&str> = text
+        let family: Vec<&str> = text
             .lines()
-            .filter(|l| l.starts_with("chargeonce_webhook"))
+            .filter(|l| l.starts_with(family_prefix))
             .collect();
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "waited for {what}:\n{}",
-            webhook.join("\n")
+            family.join("\n")
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -346,9 +339,12 @@ async fn webhook_metrics_follow_the_backlog_and_every_attempt() {
         .await
         .unwrap();
     assert_eq!(charge.status(), 201);
-    let text = wait_for_metrics(&held, "an undispatched event", |text| {
-        gauge(text, UNDISPATCHED) >= Some(1.0) && gauge(text, OLDEST) > Some(0.0)
-    })
+    let text = wait_for_metrics(
+        &held.url,
+        "an undispatched event",
+        "chargeonce_webhook",
+        |text| gauge(text, UNDISPATCHED) >= Some(1.0) && gauge(text, OLDEST) > Some(0.0),
+    )
     .await;
     assert_eq!(gauge(&text, PENDING), Some(0.0));
     assert_eq!(sample(&text, ATTEMPTS, &[]), 0.0);
@@ -367,17 +363,25 @@ async fn webhook_metrics_follow_the_backlog_and_every_attempt() {
         ],
     )
     .await;
-    wait_for_metrics(&service, "a pending delivery", |text| {
-        gauge(text, PENDING) >= Some(1.0) && gauge(text, UNDISPATCHED) == Some(0.0)
-    })
+    wait_for_metrics(
+        &service.url,
+        "a pending delivery",
+        "chargeonce_webhook",
+        |text| gauge(text, PENDING) >= Some(1.0) && gauge(text, UNDISPATCHED) == Some(0.0),
+    )
     .await;
-    let text = wait_for_metrics(&service, "an empty backlog", |text| {
-        sample(text, ATTEMPTS, &[("outcome", "delivered")]) >= 1.0
-            && sample(text, "chargeonce_webhook_deliveries_failed_total", &[]) >= 1.0
-            && [UNDISPATCHED, PENDING, OLDEST]
-                .iter()
-                .all(|family| gauge(text, family) == Some(0.0))
-    })
+    let text = wait_for_metrics(
+        &service.url,
+        "an empty backlog",
+        "chargeonce_webhook",
+        |text| {
+            sample(text, ATTEMPTS, &[("outcome", "delivered")]) >= 1.0
+                && sample(text, "chargeonce_webhook_deliveries_failed_total", &[]) >= 1.0
+                && [UNDISPATCHED, PENDING, OLDEST]
+                    .iter()
+                    .all(|family| gauge(text, family) == Some(0.0))
+        },
+    )
     .await;
     for (outcome, attempts) in [
         ("delivered", 1.0),
