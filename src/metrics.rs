@@ -148,7 +148,7 @@ fn describe() {
     describe_gauge!(POOL_MAX, "The most connections a pool may open.");
     describe_gauge!(
         WEBHOOK_UNDISPATCHED,
-        "Events in the outbox not yet fanned out to webhook deliveries (dispatched = false), \
+        "Events in the outbox not yet fanned out to webhook deliveries (still in the event queue), \
          counted up to 10000. Measured every second by each instance's dispatcher: the same \
          database-wide number from every instance."
     );

@@ -206,7 +206,7 @@ pub const RECORD_UNKNOWN: Statement = Statement {
              INSERT INTO events (id, merchant_id, charge_id, type, data) \
              SELECT $4, merchant_id, id, 'charge.pending', $5 FROM updated \
               WHERE processor_attempts = 1 \
-             ON CONFLICT ON CONSTRAINT events_one_per_charge_change DO NOTHING) \
+             ON CONFLICT (merchant_id, charge_id, type) WHERE charge_id IS NOT NULL DO NOTHING) \
          SELECT ",
         charge_columns!(),
         " FROM updated"

@@ -30,52 +30,57 @@ pub const FIND: Statement = Statement {
     params: &[Type::UUID, Type::UUID],
 };
 
-/// Fan-out, in one statement and so in one transaction: claims up to `$1`
-/// undispatched events (oldest first; `SKIP LOCKED`, so instances running
-/// this at once take disjoint sets and never wait on each other), inserts a
-/// pending delivery for every live endpoint of the event's merchant that
-/// wants its type, and marks the events dispatched. A crash leaves either
-/// all of it or none of it. The unique (merchant, event, endpoint) makes a
-/// second fan-out of an event, should one ever happen, add nothing.
+/// Fan-out, in one statement and so in one transaction: takes up to `$1`
+/// events off the queue (oldest first; `SKIP LOCKED`, so instances running
+/// this at once take disjoint sets and never wait on each other) and
+/// inserts a pending delivery for every live endpoint of the event's
+/// merchant that wants its type. A crash leaves either all of it or none of
+/// it. The unique (merchant, event, endpoint) makes a second fan-out of an
+/// event, should one ever happen, add nothing. The event itself is only
+/// read, and only where an endpoint wants it: an event row is never
+/// changed (migration V6). A queued event that no longer exists (deleted
+/// by hand) leaves the queue with no delivery instead of failing every
+/// fan-out on the deliveries' foreign key.
 ///
 /// Delivery ids are random (`gen_random_uuid`): a delivery is found by its
 /// event or by when it is due, never by a range of ids.
 ///
-/// Plans must not depend on statistics (see migration V3): the events are
-/// found again by `id = ANY (…)` on the partial index of undispatched
-/// events, never by a join the planner might hash over the whole table.
-/// Event ids are UUIDs, unique on their own; the merchant is part of the key
-/// for distribution only (V4).
+/// Plans must not depend on statistics (see migration V3): the queued
+/// events are deleted by `event_id = ANY (…)` on the queue's key, and an
+/// event is looked for by its key, never by a join the planner might hash
+/// over a whole table. Event ids are UUIDs, unique on their own; the
+/// merchant is part of the key for distribution only (V4).
 pub const FAN_OUT: Statement = Statement {
     sql: "WITH claimed AS MATERIALIZED ( \
-              SELECT id, merchant_id, type FROM events \
-               WHERE NOT dispatched \
-               ORDER BY id LIMIT $1 \
-               FOR UPDATE SKIP LOCKED \
+              DELETE FROM event_queue \
+               WHERE event_id = ANY (ARRAY( \
+                     SELECT event_id FROM event_queue \
+                      ORDER BY event_id LIMIT $1 \
+                      FOR UPDATE SKIP LOCKED)) \
+              RETURNING event_id, merchant_id, type \
           ), fanned AS ( \
               INSERT INTO webhook_deliveries (id, merchant_id, event_id, endpoint_id, status) \
-              SELECT gen_random_uuid(), c.merchant_id, c.id, e.id, 'pending' \
+              SELECT gen_random_uuid(), c.merchant_id, c.event_id, e.id, 'pending' \
                 FROM claimed c \
                 JOIN webhook_endpoints e ON e.merchant_id = c.merchant_id \
                WHERE e.deleted_at IS NULL \
                  AND (e.event_types IS NULL OR c.type = ANY (e.event_types)) \
+                 AND EXISTS (SELECT 1 FROM events ev \
+                              WHERE ev.id = c.event_id AND ev.merchant_id = c.merchant_id) \
               ON CONFLICT ON CONSTRAINT webhook_deliveries_one_per_endpoint DO NOTHING \
               RETURNING 1 \
-          ), marked AS ( \
-              UPDATE events SET dispatched = true \
-               WHERE NOT dispatched AND id = ANY (ARRAY(SELECT id FROM claimed)) \
-              RETURNING 1 \
           ) \
-          SELECT (SELECT count(*) FROM marked) AS events, \
+          SELECT (SELECT count(*) FROM claimed) AS events, \
                  (SELECT count(*) FROM fanned) AS deliveries",
     params: &[Type::INT8],
 };
 
 /// Retention: deletes up to `$2` events older than the id bound `$1` that
-/// are done with, i.e. dispatched and without a delivery still pending;
-/// their deliveries and attempts go with them (ON DELETE CASCADE). Nothing
-/// can make such an event pending again: only the fan-out adds deliveries,
-/// and only to undispatched events, which this never picks.
+/// are done with, i.e. fanned out (no longer queued) and without a delivery
+/// still pending; their deliveries and attempts go with them (ON DELETE
+/// CASCADE). Nothing can make such an event pending again: only the fan-out
+/// adds deliveries, and only to queued events, which this never picks (an
+/// event enters the queue once, when it is written).
 ///
 /// "Pending" is said as "neither delivered nor failed" so that the check
 /// can only probe the (merchant, event) unique index per event, never read
@@ -83,9 +88,12 @@ pub const FAN_OUT: Statement = Statement {
 /// only `status = 'pending'` implies (the trick of migration V3).
 pub const DELETE_EXPIRED: Statement = Statement {
     sql: "DELETE FROM events \
-           WHERE dispatched AND id = ANY (ARRAY( \
+           WHERE id = ANY (ARRAY( \
                  SELECT id FROM events ev \
-                  WHERE ev.id < $1 AND ev.dispatched \
+                  WHERE ev.id < $1 \
+                    AND NOT EXISTS ( \
+                        SELECT 1 FROM event_queue q \
+                         WHERE q.event_id = ev.id AND q.merchant_id = ev.merchant_id) \
                     AND NOT EXISTS ( \
                         SELECT 1 FROM webhook_deliveries d \
                          WHERE d.merchant_id = ev.merchant_id AND d.event_id = ev.id \
@@ -95,15 +103,15 @@ pub const DELETE_EXPIRED: Statement = Statement {
     params: &[Type::UUID, Type::INT8],
 };
 
-/// The outbox backlog, for the metrics (`workers::backlog`): undispatched
-/// events and pending deliveries, each counted up to `$1`, and the age in
-/// seconds of the oldest event not yet delivered (the oldest undispatched
-/// event or the oldest event of a pending delivery, whichever is older; 0
-/// when there is none).
+/// The outbox backlog, for the metrics (`workers::backlog`): events not yet
+/// fanned out (queued) and pending deliveries, each counted up to `$1`, and
+/// the age in seconds of the oldest event not yet delivered (the oldest
+/// queued event or the oldest event of a pending delivery, whichever is
+/// older; 0 when there is none).
 ///
-/// Every read goes through a partial index and stops at `$1` entries: the
-/// events by `events_undispatched` (ids are UUIDv7, so its first entry is
-/// the oldest), the deliveries by `webhook_deliveries_due`, whose first `$1`
+/// Every read goes through an index and stops at `$1` entries: the queue by
+/// its key (ids are UUIDv7, so its first entry is the oldest), the
+/// deliveries by `webhook_deliveries_due`, whose first `$1`
 /// entries (the ones due first) are the ones looked at for the oldest event;
 /// with more pending deliveries than that, the oldest may be missed. The
 /// one or two events whose age is taken are found by `events_pkey`. No plan
@@ -118,13 +126,13 @@ pub const BACKLOG: Statement = Statement {
                ORDER BY next_attempt_at LIMIT $1 \
           ) \
           SELECT (SELECT count(*) FROM ( \
-                      SELECT FROM events WHERE NOT dispatched ORDER BY id LIMIT $1) u) \
+                      SELECT FROM event_queue ORDER BY event_id LIMIT $1) q) \
                      AS undispatched_events, \
                  (SELECT count(*) FROM pending) AS pending_deliveries, \
                  coalesce(extract('epoch' FROM now() - ( \
                      SELECT min(created_at) FROM events \
                       WHERE id = ANY (ARRAY[ \
-                            (SELECT id FROM events WHERE NOT dispatched ORDER BY id LIMIT 1), \
+                            (SELECT event_id FROM event_queue ORDER BY event_id LIMIT 1), \
                             (SELECT event_id FROM pending ORDER BY event_id LIMIT 1)]) \
                  )), 0)::float8 AS oldest_age_seconds",
     params: &[Type::INT8],
@@ -162,7 +170,7 @@ pub async fn find(
 /// What one fan-out did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FannedOut {
-    /// Events marked dispatched.
+    /// Events taken off the queue.
     pub events: i64,
     /// Deliveries created for them.
     pub deliveries: i64,

@@ -215,7 +215,7 @@ pub const RECORD_UNKNOWN: Statement = Statement {
              INSERT INTO events (id, merchant_id, refund_id, type, data) \
              SELECT $4, merchant_id, id, 'refund.pending', $5 FROM updated \
               WHERE processor_attempts = 1 \
-             ON CONFLICT ON CONSTRAINT events_one_per_refund_change DO NOTHING) \
+             ON CONFLICT (merchant_id, refund_id, type) WHERE refund_id IS NOT NULL DO NOTHING) \
          SELECT ",
         refund_columns!(),
         " FROM updated"

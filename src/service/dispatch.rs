@@ -2,9 +2,9 @@
 //! at least once. Run by `workers::dispatcher` in every instance; the
 //! instances share the work through the database alone.
 //!
-//! 1. **Fan-out** (`db::events::FAN_OUT`, one statement): undispatched
-//!    events become one pending delivery per live endpoint that wants their
-//!    type, and are marked dispatched, atomically.
+//! 1. **Fan-out** (`db::events::FAN_OUT`, one statement): events taken off
+//!    the queue (`event_queue`) become one pending delivery per live
+//!    endpoint that wants their type, atomically.
 //! 2. **Claim** (`db::webhook_deliveries::CLAIM_DUE`, one statement): due
 //!    pending deliveries are leased for `webhooks.timeout_ms` + 5 s. No other
 //!    instance claims a delivery while its lease lasts, so a delivery is

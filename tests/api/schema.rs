@@ -145,6 +145,7 @@ async fn every_key_of_a_per_merchant_table_includes_merchant_id() {
         per_merchant,
         [
             "charges",
+            "event_queue",
             "events",
             "refunds",
             "webhook_attempts",

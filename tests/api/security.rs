@@ -30,6 +30,7 @@ async fn everything(app: &TestApp) -> BTreeMap<&'static str, Vec<String>> {
         "charges",
         "refunds",
         "events",
+        "event_queue",
         "webhook_endpoints",
         "webhook_deliveries",
         "webhook_attempts",
@@ -50,11 +51,7 @@ async fn everything(app: &TestApp) -> BTreeMap<&'static str, Vec<String>> {
 /// background write that follows a charge is over before a snapshot.
 async fn all_events_dispatched(app: &TestApp) {
     let started = Instant::now();
-    while app
-        .count("SELECT count(*) FROM events WHERE NOT dispatched")
-        .await
-        > 0
-    {
+    while app.count("SELECT count(*) FROM event_queue").await > 0 {
         assert!(started.elapsed() < Duration::from_secs(10), "undispatched");
         tokio::time::sleep(Duration::from_millis(25)).await;
     }

@@ -776,8 +776,9 @@ async fn retention_deletes_old_delivered_events_and_keeps_the_rest() {
     let sql = app.sql().await;
     let recent_delivered: Uuid = sql
         .query_one(
-            "UPDATE events SET dispatched = true \
-              WHERE id = (SELECT id FROM events ORDER BY id DESC LIMIT 1) RETURNING id",
+            "DELETE FROM event_queue \
+              WHERE event_id = (SELECT id FROM events ORDER BY id DESC LIMIT 1) \
+              RETURNING event_id",
             &[],
         )
         .await
@@ -789,18 +790,25 @@ async fn retention_deletes_old_delivered_events_and_keeps_the_rest() {
         .unwrap()
         .as_secs()
         - 48 * 3600;
+    // An event enters the queue when it is written (a trigger); a
+    // dispatched one has left it again.
     let old_event = |charge: Uuid, event_type: &str, dispatched: bool| {
         let id = Uuid::new_v7(uuid::Timestamp::from_unix(uuid::NoContext, two_days_ago, 0));
         let sql = &sql;
         let event_type = event_type.to_owned();
         async move {
             sql.execute(
-                "INSERT INTO events (id, merchant_id, charge_id, type, data, created_at, dispatched) \
-                 SELECT $1, id, $2, $3, '{}', now() - interval '2 days', $4 FROM merchants",
-                &[&id, &charge, &event_type, &dispatched],
+                "INSERT INTO events (id, merchant_id, charge_id, type, data, created_at) \
+                 SELECT $1, id, $2, $3, '{}', now() - interval '2 days' FROM merchants",
+                &[&id, &charge, &event_type],
             )
             .await
             .unwrap();
+            if dispatched {
+                sql.execute("DELETE FROM event_queue WHERE event_id = $1", &[&id])
+                    .await
+                    .unwrap();
+            }
             id
         }
     };
@@ -1164,4 +1172,106 @@ async fn two_instances_deliver_500_events_none_lost_none_sent_twice_at_once() {
             "instance {name} logged the secret: {leaks:?}"
         );
     }
+}
+
+/// The outbox's event rows are written once: the fan-out takes an event off
+/// `event_queue` and never locks or rewrites the event itself (migration
+/// V6; before it, every fan-out locked each event and updated it, JSON and
+/// all). So a fanned-out event is still the very row version its charge's
+/// outcome statement wrote, with the same transaction id as the charge's
+/// final version. An event nobody wants has not even been locked since; a
+/// delivered one carries the key-share lock that the delivery's foreign key
+/// takes on it, which is not a change.
+#[tokio::test]
+async fn fanning_out_leaves_the_event_row_as_it_was_written() {
+    let app = spawn_app_with(fast).await;
+    let receiver = Receiver::start().await;
+    create_endpoint(&app.address, &app.api_key, &receiver.url, None).await;
+    let unwatched = app.create_merchant("No endpoints").await;
+    assert_eq!(app.post_charge("once", &charge_body(100)).await.status, 201);
+    assert_eq!(
+        app.post_charge("twice", &charge_body(102)).await.status,
+        402
+    );
+    assert_eq!(
+        app.post_charge_as(&unwatched, "alone", &charge_body(100))
+            .await
+            .status,
+        201
+    );
+    receiver
+        .wait_until("both events", Duration::from_secs(10), |r| r.len() >= 2)
+        .await;
+    let started = Instant::now();
+    while app.count("SELECT count(*) FROM event_queue").await > 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "still queued");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+
+    let sql = app.sql().await;
+    let rows = sql
+        .query(
+            "SELECT m.name, e.type, e.xmin::text, e.xmax::text, c.xmin::text \
+               FROM events e JOIN charges c ON c.id = e.charge_id \
+               JOIN merchants m ON m.id = e.merchant_id \
+              ORDER BY e.id",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 3);
+    for row in rows {
+        let (merchant, event_type): (String, String) = (row.get(0), row.get(1));
+        let (written_by, locked_by, charge_final_by): (String, String, String) =
+            (row.get(2), row.get(3), row.get(4));
+        assert_eq!(
+            written_by, charge_final_by,
+            "{merchant} {event_type}: the event was rewritten after its charge's outcome"
+        );
+        if merchant == "No endpoints" {
+            assert_eq!(locked_by, "0", "{event_type}: the event was locked");
+        }
+    }
+}
+
+/// Every statement that writes an event queues it (a statement trigger on
+/// `events`), whichever statement it is: here one written by hand.
+#[tokio::test]
+async fn an_event_written_by_any_statement_is_queued() {
+    let app = spawn_app_with(|s| {
+        fast(s);
+        // Held off until the event below is in place.
+        s.webhooks.interval = Duration::from_secs(3600);
+    })
+    .await;
+    let charge = app.post_charge("c", &charge_body(100)).await.json();
+    let charge_id = Uuid::parse_str(&charge["id"].as_str().unwrap()[3..]).unwrap();
+    let sql = app.sql().await;
+    let before = app.count("SELECT count(*) FROM event_queue").await;
+    let id = Uuid::now_v7();
+    sql.execute(
+        "INSERT INTO events (id, merchant_id, charge_id, type, data) \
+         SELECT $1, merchant_id, id, 'charge.pending', '{}' FROM charges WHERE id = $2",
+        &[&id, &charge_id],
+    )
+    .await
+    .unwrap();
+    let queued: Vec<(Uuid, String)> = sql
+        .query(
+            "SELECT q.merchant_id, q.type FROM event_queue q JOIN events e \
+                 ON e.id = q.event_id AND e.merchant_id = q.merchant_id \
+              WHERE q.event_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(queued.len(), 1, "not queued");
+    assert_eq!(queued[0].1, "charge.pending");
+    assert_eq!(
+        app.count("SELECT count(*) FROM event_queue").await,
+        before + 1
+    );
 }
