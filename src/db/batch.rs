@@ -111,6 +111,11 @@ impl<S: BatchStatement> Batcher<S> {
         }
     }
 
+    /// The pool the batches run on.
+    pub fn database(&self) -> &Database {
+        &self.shared.db
+    }
+
     /// Runs the statement for `item`, in a batch with whatever else is
     /// waiting.
     pub async fn run(&self, item: S::Item) -> Result<S::Output, DbError> {

@@ -201,7 +201,7 @@ impl Dispatcher {
                 Err(error) if error.is_transient() && Instant::now() + pause < lease_ends => {
                     tracing::debug!(%event, %endpoint, error = %error_chain(&error), "cannot record a webhook attempt yet; retrying");
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(MAX_RECORD_PAUSE);
+                    pause = super::lifecycle::doubled(pause, MAX_RECORD_PAUSE);
                 }
                 Err(error) => {
                     tracing::warn!(%event, %endpoint, error = %error_chain(&error), "cannot record a webhook attempt; the delivery comes due again when its lease runs out");

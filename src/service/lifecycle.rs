@@ -53,7 +53,9 @@ use super::ServiceError;
 /// though the lease itself may run longer.
 pub const IN_USE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// Longest pause between two looks at a row in flight elsewhere.
+/// First and longest pause between two looks at a row in flight
+/// elsewhere (`next_in_flight_poll`).
+const FIRST_IN_FLIGHT_POLL: Duration = Duration::from_millis(1);
 const MAX_IN_FLIGHT_POLL: Duration = Duration::from_millis(20);
 
 /// Longest pause between two tries to reach the database while holding an
@@ -270,11 +272,18 @@ impl<K: Kind> Lifecycle<K> {
     }
 
     /// The same engine on another pool (each HTTP worker thread has its own).
+    /// Every field is named: a new one must say whether it follows the pool.
     pub fn with_database(&self, db: Database) -> Self {
         Self {
             outcomes: outcome_batcher(&db, &self.kind),
             db,
-            ..self.clone()
+            kind: self.kind.clone(),
+            processor: self.processor.clone(),
+            lease: self.lease,
+            in_flight_wait: self.in_flight_wait,
+            retry_base: self.retry_base,
+            retry_cap: self.retry_cap,
+            replays: self.replays.clone(),
         }
     }
 
@@ -346,7 +355,7 @@ impl<K: Kind> Lifecycle<K> {
     /// with its result; only then give up with 409.
     async fn resume(&self, record: K::Record) -> Result<Option<Reply<K::Record>>, ServiceError> {
         let deadline = Instant::now() + self.in_flight_wait;
-        let mut pause = Duration::from_millis(1);
+        let mut pause = FIRST_IN_FLIGHT_POLL;
         let mut waited = false;
         loop {
             let found = {
@@ -384,7 +393,7 @@ impl<K: Kind> Lifecycle<K> {
             }
             waited = true;
             tokio::time::sleep(pause.min(remaining)).await;
-            pause = (pause * 2).min(MAX_IN_FLIGHT_POLL);
+            pause = doubled(pause, MAX_IN_FLIGHT_POLL);
         }
     }
 
@@ -441,7 +450,7 @@ impl<K: Kind> Lifecycle<K> {
                     }
                 }
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(MAX_RECORD_PAUSE);
+                pause = doubled(pause, MAX_RECORD_PAUSE);
             }
         });
     }
@@ -597,7 +606,7 @@ impl<K: Kind> Lifecycle<K> {
                         return Ok(None);
                     }
                     tokio::time::sleep(pause.min(remaining)).await;
-                    pause = (pause * 2).min(MAX_RECORD_PAUSE);
+                    pause = doubled(pause, MAX_RECORD_PAUSE);
                 }
                 Err(error) => return Err(error),
             }
@@ -628,6 +637,14 @@ fn classify(reply: &ProcessorReply) -> &'static str {
     }
 }
 
+/// The next pause of a backoff: twice the last, at most `max`. Looking at a
+/// row in flight elsewhere, a request that finishes within a few
+/// milliseconds is seen at once and a slow one costs a look every 20 ms;
+/// waiting for the database, the tries thin out to one a second.
+pub(crate) fn doubled(pause: Duration, max: Duration) -> Duration {
+    (pause * 2).min(max)
+}
+
 /// How long the recovery worker waits after the `attempts + 1`-th call
 /// without a final answer: `base · 2^attempts`, capped, then a random share
 /// of it between a half and all (`jitter` in 0..1), so rows that failed
@@ -640,7 +657,56 @@ pub fn retry_delay(attempts: i32, base: Duration, cap: Duration, jitter: f64) ->
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+    use std::path::Path;
+
     use super::*;
+    use crate::config::Settings;
+    use crate::processor::simulated::SimulatedProcessor;
+    use crate::service::charges::ChargeKind;
+
+    #[tokio::test]
+    async fn with_database_moves_its_statements_and_its_outcome_batches_to_the_new_pool() {
+        let settings = Settings::load_from(Path::new("/nonexistent-config-dir"), &HashMap::new())
+            .expect("the embedded defaults load");
+        // Building a pool connects to nothing; the sizes tell them apart.
+        let pool = |size| Database::new(&settings.database, size).expect("a pool");
+        let flow = Lifecycle::new(
+            ChargeKind,
+            pool(3),
+            Arc::new(SimulatedProcessor::new(Duration::ZERO)),
+            &settings.idempotency,
+            &settings.recovery,
+        );
+        let moved = flow.with_database(pool(5));
+        let size = |db: &Database| db.pool().status().max_size;
+        assert_eq!(size(&moved.db), 5);
+        assert_eq!(size(moved.outcomes.database()), 5);
+        assert_eq!(
+            size(flow.outcomes.database()),
+            3,
+            "the original keeps its pool"
+        );
+        assert_eq!(moved.lease, flow.lease);
+        assert_eq!(moved.in_flight_wait, flow.in_flight_wait);
+    }
+
+    #[test]
+    fn backoffs_double_up_to_their_longest_pause() {
+        let pauses = |first, max| -> Vec<Duration> {
+            std::iter::successors(Some(first), |&p| Some(doubled(p, max)))
+                .take(8)
+                .collect()
+        };
+        assert_eq!(
+            pauses(FIRST_IN_FLIGHT_POLL, MAX_IN_FLIGHT_POLL),
+            [1, 2, 4, 8, 16, 20, 20, 20].map(Duration::from_millis)
+        );
+        assert_eq!(
+            pauses(Duration::from_millis(50), MAX_RECORD_PAUSE),
+            [50, 100, 200, 400, 800, 1000, 1000, 1000].map(Duration::from_millis)
+        );
+    }
 
     #[test]
     fn the_retry_delay_doubles_up_to_the_cap_with_jitter() {

@@ -246,6 +246,11 @@ async fn the_recovery_pace_survives_a_restart() {
         ("CHARGEONCE__IDEMPOTENCY__LEASE_MS", "1000".to_owned()),
         ("CHARGEONCE__RECOVERY__INTERVAL_MS", "200".to_owned()),
         ("CHARGEONCE__RECOVERY__MAX_BACKOFF_MS", "10000".to_owned()),
+        // The startup's port announcement and the recovery rounds' lines.
+        (
+            "RUST_LOG",
+            "warn,chargeonce::startup=info,chargeonce::service::lifecycle=info".to_owned(),
+        ),
     ];
     let service = start_service(&db.url, &env).await;
     let reply = post_charge(&service, &secret, "restart").await;
@@ -259,6 +264,23 @@ async fn the_recovery_pace_survives_a_restart() {
         if let Some(row) = sql.query_opt(pace, &[]).await.unwrap() {
             let attempts: i32 = row.get(0);
             if attempts >= 5 {
+                // Each recovery round says what became of the charge (the
+                // line follows the row's update by a moment).
+                let logged = Instant::now();
+                while !service
+                    .log()
+                    .iter()
+                    .any(|l| l.contains("still pending after recovery attempt"))
+                {
+                    assert!(
+                        logged.elapsed() < Duration::from_secs(1),
+                        "{:#?}",
+                        service.log()
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let log = service.log();
+                assert!(!log.iter().any(|l| l.contains(" recovered")), "{log:#?}");
                 drop(service);
                 // The row as the killed service left it.
                 let row = sql.query_one(pace, &[]).await.unwrap();
@@ -272,7 +294,7 @@ async fn the_recovery_pace_survives_a_restart() {
     let before = stub.calls().len();
     assert_eq!(before, usize::try_from(attempts).unwrap());
 
-    let _service = start_service(&db.url, &env).await;
+    let restarted = start_service(&db.url, &env).await;
     let started = Instant::now();
     while stub.calls().len() == before {
         assert!(
@@ -298,6 +320,24 @@ async fn the_recovery_pace_survives_a_restart() {
         attempts + 1,
         "counted on across the restart"
     );
+
+    // Once the processor answers finally, the worker's round says so.
+    stub.answer(201);
+    let started = Instant::now();
+    while !restarted.log().iter().any(|l| l.contains(" recovered")) {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "never logged the recovery: {:#?}",
+            restarted.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let status: String = sql
+        .query_one("SELECT status FROM charges", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "succeeded");
 }
 
 /// POST /v1/charges of 1,000 to a spawned service under `key`.

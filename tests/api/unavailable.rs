@@ -284,6 +284,42 @@ async fn an_insert_whose_commit_was_unconfirmed_is_undone_so_503_stays_true() {
     assert_eq!(retry.header("idempotent-replayed"), None);
 }
 
+/// The same, with the partition lasting past half the lease: the held-back
+/// insert lands 2 s after its request got 503, and the undo, which keeps
+/// looking for twice the lease (6 s), still finds and deletes it before
+/// the recovery worker can charge it.
+#[tokio::test]
+async fn an_unconfirmed_insert_that_lands_late_in_the_lease_is_still_undone() {
+    let proxy = Proxy::start(database_address()).await;
+    let app = spawn_app_with(|s| {
+        s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
+        s.server.workers = 1;
+        s.database.pool_size = 1;
+        s.database.connect_timeout = Duration::from_millis(300);
+        s.database.query_timeout = Duration::from_millis(500);
+        s.idempotency.lease = Duration::from_millis(3000);
+        s.recovery.interval = Duration::from_millis(100);
+    })
+    .await;
+    let warm = app.post_charge("warm", &charge_body(100)).await;
+    assert_eq!(warm.status, 201);
+
+    proxy.set_mode(ProxyMode::Stall);
+    let reply = app.post_charge("late-ghost", &charge_body(200)).await;
+    reply.assert_problem(503, "service_unavailable");
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    proxy.set_mode(ProxyMode::Forward);
+
+    // Past the landed row's lease and many recovery rounds.
+    tokio::time::sleep(Duration::from_millis(5000)).await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM charges WHERE client_idempotency_key = 'late-ghost'")
+            .await,
+        0
+    );
+    assert_eq!(app.processor.calls(), 1, "only the warm-up charge");
+}
+
 /// An app behind `proxy` that charges through `stub` (one attempt per call)
 /// with a lease of `lease_ms`. The recovery worker stays out of the way: what
 /// finishes a charge below is the client's retry.
