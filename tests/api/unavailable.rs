@@ -320,6 +320,44 @@ async fn an_unconfirmed_insert_that_lands_late_in_the_lease_is_still_undone() {
     assert_eq!(app.processor.calls(), 1, "only the warm-up charge");
 }
 
+/// Only the database being away is worth waiting for while an outcome is
+/// recorded. A statement the database refuses for good (here a trigger
+/// that raises on every update of a charge) answers 500 at once, not after
+/// the lease of retrying; the charge stays pending for the recovery worker,
+/// its lease held, so nothing claims it never happened.
+#[tokio::test]
+async fn an_outcome_the_database_refuses_for_good_is_not_retried_for_the_lease() {
+    let app = spawn_app_with(|s| {
+        s.idempotency.lease = Duration::from_millis(5000);
+        s.recovery.interval = Duration::from_secs(600);
+    })
+    .await;
+    app.sql()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION refuse_update() RETURNS trigger LANGUAGE plpgsql AS \
+               $$BEGIN RAISE EXCEPTION 'refused by the test'; END$$; \
+             CREATE TRIGGER refuse_update BEFORE UPDATE ON charges \
+               FOR EACH ROW EXECUTE FUNCTION refuse_update();",
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let reply = app.post_charge("refused", &charge_body(100)).await;
+    let elapsed = started.elapsed();
+    reply.assert_problem(500, "internal_error");
+    assert!(
+        elapsed < Duration::from_millis(2000),
+        "retried a refusal for {elapsed:?}"
+    );
+    assert_eq!(app.processor.calls(), 1);
+    assert_eq!(
+        app.count("SELECT count(*) FROM charges WHERE status = 'pending' AND locked_until > now()")
+            .await,
+        1
+    );
+}
+
 /// An app behind `proxy` that charges through `stub` (one attempt per call)
 /// with a lease of `lease_ms`. The recovery worker stays out of the way: what
 /// finishes a charge below is the client's retry.
