@@ -215,6 +215,43 @@ async fn a_key_conflict_at_the_processor_stays_pending_and_asks_for_attention() 
     }
 }
 
+/// A processor's refusal to look at a request (400: nothing was made) and a
+/// decline (402) both fail the charge, and the metrics tell them apart: an
+/// alert on rejected requests points at our side of the integration, one
+/// on declines at the customers'.
+#[tokio::test]
+async fn rejections_and_declines_are_counted_apart() {
+    let stub = ProcessorStub::start(400).await;
+    let db = Database::migrated().await;
+    let secret = db.create_merchant().await;
+    let service = start_service(
+        &db.url,
+        &[
+            ("CHARGEONCE__PROCESSOR__KIND", "http".to_owned()),
+            ("CHARGEONCE__PROCESSOR__URL", stub.url.clone()),
+            ("CHARGEONCE__PROCESSOR__RETRIES", "0".to_owned()),
+        ],
+    )
+    .await;
+    assert_eq!(
+        post_charge(&service, &secret, "rejected").await.status(),
+        402
+    );
+    stub.answer(402);
+    for key in ["declined-1", "declined-2"] {
+        assert_eq!(post_charge(&service, &secret, key).await.status(), 402);
+    }
+    let metrics = reqwest::get(format!("{}/metrics", service.url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(processor_calls(&metrics, "rejected"), 1.0, "{metrics}");
+    assert_eq!(processor_calls(&metrics, "declined"), 2.0, "{metrics}");
+    assert_eq!(processor_calls(&metrics, "succeeded"), 0.0, "{metrics}");
+}
+
 /// The count of charge calls to the processor with `outcome` in a scrape.
 fn processor_calls(metrics: &str, outcome: &str) -> f64 {
     let outcome = format!("outcome=\"{outcome}\"");
