@@ -169,6 +169,18 @@ async fn every_metric_family_moves_when_its_event_happens() {
         "chargeonce_processor_call_duration_seconds_count",
         &[("operation", "refund")],
     );
+    // Batch sizes by statement (every statement goes through a batcher, a
+    // request alone as a batch of one).
+    for statement in [
+        "charges.insert_or_find",
+        "charges.record_outcomes",
+        "refunds.record_outcome",
+    ] {
+        moved(
+            "chargeonce_db_batch_rows_count",
+            &[("statement", statement)],
+        );
+    }
     moved("chargeonce_lease_takeovers_total", &[("kind", "charge")]);
     moved("chargeonce_recovery_claims_total", &[("kind", "charge")]);
     moved("chargeonce_keys_released_total", &[]);
