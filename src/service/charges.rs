@@ -185,10 +185,6 @@ impl Record for Charge {
         self.status
     }
 
-    fn lease(&self) -> Option<DateTime<Utc>> {
-        self.locked_until
-    }
-
     fn processor_attempts(&self) -> i32 {
         self.processor_attempts
     }

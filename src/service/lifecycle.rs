@@ -75,7 +75,6 @@ pub trait Record: Clone + Send + Sync + 'static {
     fn public_id(&self) -> String;
     fn merchant(&self) -> MerchantId;
     fn status(&self) -> Status;
-    fn lease(&self) -> Option<DateTime<Utc>>;
     fn processor_attempts(&self) -> i32;
     fn created_at(&self) -> DateTime<Utc>;
     /// About how many bytes the record holds on the heap (its strings and

@@ -246,6 +246,20 @@ mod tests {
         );
         assert!(cache.entries() > 50, "{} entries", cache.entries());
 
+        // A record's own heap data counts: ten kilobytes of description
+        // each, and the same bytes hold a handful.
+        let big = ReplayCache::new(bound, DAY);
+        for n in 0..100 {
+            let mut charge = charge(Status::Succeeded, Utc::now());
+            charge.description = Some("d".repeat(10_000));
+            big.remember(merchant, &key(&format!("big-{n}")), &charge);
+        }
+        assert!(
+            (1..=6).contains(&big.entries()),
+            "{} entries",
+            big.entries()
+        );
+
         let off = ReplayCache::new(0, DAY);
         off.remember(merchant, &key("k"), &charge(Status::Succeeded, Utc::now()));
         assert!(off.get(merchant, &key("k")).is_none());
