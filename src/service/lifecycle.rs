@@ -270,20 +270,13 @@ impl<K: Kind> Lifecycle<K> {
         }
     }
 
-    /// The same engine on another pool (each HTTP worker thread has its own).
-    /// Every field is named: a new one must say whether it follows the pool.
+    /// The same engine on another pool (each HTTP worker thread has its own):
+    /// its statements and its outcome batches both move.
     pub fn with_database(&self, db: Database) -> Self {
-        Self {
-            outcomes: outcome_batcher(&db, &self.kind),
-            db,
-            kind: self.kind.clone(),
-            processor: self.processor.clone(),
-            lease: self.lease,
-            in_flight_wait: self.in_flight_wait,
-            retry_base: self.retry_base,
-            retry_cap: self.retry_cap,
-            replays: self.replays.clone(),
-        }
+        let mut moved = self.clone();
+        moved.outcomes = outcome_batcher(&db, &self.kind);
+        moved.db = db;
+        moved
     }
 
     pub fn kind(&self) -> &K {

@@ -174,18 +174,7 @@ async fn unknown_outcomes_stay_pending_and_recovery_backs_off_per_charge() {
 async fn a_key_conflict_at_the_processor_stays_pending_and_asks_for_attention() {
     for status in [409, 422] {
         let stub = ProcessorStub::start(status).await;
-        let db = Database::migrated().await;
-        let secret = db.create_merchant().await;
-        let service = start_service(
-            &db.url,
-            &[
-                ("CHARGEONCE__PROCESSOR__KIND", "http".to_owned()),
-                ("CHARGEONCE__PROCESSOR__URL", stub.url.clone()),
-                ("CHARGEONCE__PROCESSOR__RETRIES", "0".to_owned()),
-                ("CHARGEONCE__PROCESSOR__TIMEOUT_MS", "1000".to_owned()),
-            ],
-        )
-        .await;
+        let (_db, secret, service) = service_on(&stub).await;
         let reply = post_charge(&service, &secret, "conflict").await;
         assert_eq!(reply.status(), 202);
         let charge: serde_json::Value = reply.json().await.unwrap();
@@ -201,12 +190,7 @@ async fn a_key_conflict_at_the_processor_stays_pending_and_asks_for_attention() 
             "{status}: {log:#?}"
         );
         // Counted as needing attention, for an alert to find.
-        let metrics = reqwest::get(format!("{}/metrics", service.url))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = scrape(&service).await;
         assert!(
             processor_calls(&metrics, "attention") >= 1.0,
             "{status}: {metrics}"
@@ -222,17 +206,7 @@ async fn a_key_conflict_at_the_processor_stays_pending_and_asks_for_attention() 
 #[tokio::test]
 async fn rejections_and_declines_are_counted_apart() {
     let stub = ProcessorStub::start(400).await;
-    let db = Database::migrated().await;
-    let secret = db.create_merchant().await;
-    let service = start_service(
-        &db.url,
-        &[
-            ("CHARGEONCE__PROCESSOR__KIND", "http".to_owned()),
-            ("CHARGEONCE__PROCESSOR__URL", stub.url.clone()),
-            ("CHARGEONCE__PROCESSOR__RETRIES", "0".to_owned()),
-        ],
-    )
-    .await;
+    let (_db, secret, service) = service_on(&stub).await;
     assert_eq!(
         post_charge(&service, &secret, "rejected").await.status(),
         402
@@ -241,15 +215,37 @@ async fn rejections_and_declines_are_counted_apart() {
     for key in ["declined-1", "declined-2"] {
         assert_eq!(post_charge(&service, &secret, key).await.status(), 402);
     }
-    let metrics = reqwest::get(format!("{}/metrics", service.url))
+    let metrics = scrape(&service).await;
+    assert_eq!(processor_calls(&metrics, "rejected"), 1.0, "{metrics}");
+    assert_eq!(processor_calls(&metrics, "declined"), 2.0, "{metrics}");
+    assert_eq!(processor_calls(&metrics, "succeeded"), 0.0, "{metrics}");
+}
+
+/// A merchant and the real binary on a database of their own, charging
+/// through `stub` with one attempt per call.
+async fn service_on(stub: &ProcessorStub) -> (Database, String, Process) {
+    let db = Database::migrated().await;
+    let secret = db.create_merchant().await;
+    let service = start_service(
+        &db.url,
+        &[
+            ("CHARGEONCE__PROCESSOR__KIND", "http".to_owned()),
+            ("CHARGEONCE__PROCESSOR__URL", stub.url.clone()),
+            ("CHARGEONCE__PROCESSOR__RETRIES", "0".to_owned()),
+            ("CHARGEONCE__PROCESSOR__TIMEOUT_MS", "1000".to_owned()),
+        ],
+    )
+    .await;
+    (db, secret, service)
+}
+
+async fn scrape(service: &Process) -> String {
+    reqwest::get(format!("{}/metrics", service.url))
         .await
         .unwrap()
         .text()
         .await
-        .unwrap();
-    assert_eq!(processor_calls(&metrics, "rejected"), 1.0, "{metrics}");
-    assert_eq!(processor_calls(&metrics, "declined"), 2.0, "{metrics}");
-    assert_eq!(processor_calls(&metrics, "succeeded"), 0.0, "{metrics}");
+        .unwrap()
 }
 
 /// The count of charge calls to the processor with `outcome` in a scrape.

@@ -249,6 +249,22 @@ async fn an_outcome_that_cannot_be_recorded_within_the_lease_is_202_pending() {
 /// undone as soon as the database answers.
 #[tokio::test]
 async fn an_insert_whose_commit_was_unconfirmed_is_undone_so_503_stays_true() {
+    unconfirmed_insert_is_undone("ghost", Duration::ZERO).await;
+}
+
+/// The same, with the partition lasting past half the lease: the held-back
+/// insert lands 2 s after its request got 503, and the undo, which keeps
+/// looking for twice the lease (6 s), still finds and deletes it before
+/// the recovery worker can charge it.
+#[tokio::test]
+async fn an_unconfirmed_insert_that_lands_late_in_the_lease_is_still_undone() {
+    unconfirmed_insert_is_undone("late-ghost", Duration::from_millis(2000)).await;
+}
+
+/// A charge under `key` whose insert is held in a partition lasting
+/// `partition` after its 503 (lease 3 s): it must never be charged.
+async fn unconfirmed_insert_is_undone(key: &str, partition: Duration) {
+    const LEASE: Duration = Duration::from_millis(3000);
     let proxy = Proxy::start(database_address()).await;
     let app = spawn_app_with(|s| {
         s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
@@ -256,7 +272,7 @@ async fn an_insert_whose_commit_was_unconfirmed_is_undone_so_503_stays_true() {
         s.database.pool_size = 1;
         s.database.connect_timeout = Duration::from_millis(300);
         s.database.query_timeout = Duration::from_millis(500);
-        s.idempotency.lease = Duration::from_millis(3000);
+        s.idempotency.lease = LEASE;
         s.recovery.interval = Duration::from_millis(100);
     })
     .await;
@@ -266,58 +282,30 @@ async fn an_insert_whose_commit_was_unconfirmed_is_undone_so_503_stays_true() {
     assert_eq!(warm.status, 201);
 
     proxy.set_mode(ProxyMode::Stall);
-    let reply = app.post_charge("ghost", &charge_body(200)).await;
+    let reply = app.post_charge(key, &charge_body(200)).await;
     reply.assert_problem(503, "service_unavailable");
+    tokio::time::sleep(partition).await;
     proxy.set_mode(ProxyMode::Forward);
 
-    // Past the lease and several recovery rounds: nothing was charged.
-    tokio::time::sleep(Duration::from_millis(4000)).await;
-    assert_eq!(
-        app.count("SELECT count(*) FROM charges WHERE client_idempotency_key = 'ghost'")
-            .await,
-        0
-    );
+    // Past the landed row's lease and many recovery rounds: nothing was
+    // charged.
+    tokio::time::sleep(LEASE + Duration::from_millis(1000)).await;
+    let rows = app
+        .sql()
+        .await
+        .query_one(
+            "SELECT count(*) FROM charges WHERE client_idempotency_key = $1",
+            &[&key],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    assert_eq!(rows, 0, "{key} was kept");
     assert_eq!(app.processor.calls(), 1, "only the warm-up charge");
-    // The client's retry (any key) is a fresh charge.
-    let retry = app.post_charge("ghost", &charge_body(200)).await;
+    // The client's retry is a fresh charge.
+    let retry = app.post_charge(key, &charge_body(200)).await;
     assert_eq!(retry.status, 201);
     assert_eq!(retry.header("idempotent-replayed"), None);
-}
-
-/// The same, with the partition lasting past half the lease: the held-back
-/// insert lands 2 s after its request got 503, and the undo, which keeps
-/// looking for twice the lease (6 s), still finds and deletes it before
-/// the recovery worker can charge it.
-#[tokio::test]
-async fn an_unconfirmed_insert_that_lands_late_in_the_lease_is_still_undone() {
-    let proxy = Proxy::start(database_address()).await;
-    let app = spawn_app_with(|s| {
-        s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
-        s.server.workers = 1;
-        s.database.pool_size = 1;
-        s.database.connect_timeout = Duration::from_millis(300);
-        s.database.query_timeout = Duration::from_millis(500);
-        s.idempotency.lease = Duration::from_millis(3000);
-        s.recovery.interval = Duration::from_millis(100);
-    })
-    .await;
-    let warm = app.post_charge("warm", &charge_body(100)).await;
-    assert_eq!(warm.status, 201);
-
-    proxy.set_mode(ProxyMode::Stall);
-    let reply = app.post_charge("late-ghost", &charge_body(200)).await;
-    reply.assert_problem(503, "service_unavailable");
-    tokio::time::sleep(Duration::from_millis(2000)).await;
-    proxy.set_mode(ProxyMode::Forward);
-
-    // Past the landed row's lease and many recovery rounds.
-    tokio::time::sleep(Duration::from_millis(5000)).await;
-    assert_eq!(
-        app.count("SELECT count(*) FROM charges WHERE client_idempotency_key = 'late-ghost'")
-            .await,
-        0
-    );
-    assert_eq!(app.processor.calls(), 1, "only the warm-up charge");
 }
 
 /// Only the database being away is worth waiting for while an outcome is
