@@ -343,6 +343,50 @@ async fn duplicate_keys_in_one_statement_make_one_charge() {
     assert_eq!(app.charge_rows().await, 3);
 }
 
+/// A key taken by a charge that commits while the statement waits for it
+/// (on the unique index) is invisible to the statement's own read, which
+/// began before that commit. The item is looked up again alone, so it still
+/// gets the charge in this call, not created, and so does a duplicate of it
+/// in the same batch.
+#[tokio::test]
+async fn a_key_committed_while_the_statement_waits_is_found_in_the_same_call() {
+    let app = spawn_app().await;
+    let merchant = merchant_of(&app).await;
+    let other = app.sql().await;
+    other.batch_execute("BEGIN").await.unwrap();
+    let earlier = ChargeId::new();
+    other
+        .execute(
+            "INSERT INTO charges (id, merchant_id, client_idempotency_key, request_fingerprint, \
+                                  amount, currency, status) \
+             VALUES ($1, $2, 'raced', sha256('x'), 100, 'USD', 'succeeded')",
+            &[earlier.as_uuid(), merchant.as_uuid()],
+        )
+        .await
+        .unwrap();
+
+    let conn = app.db.conn().await.unwrap();
+    let items = [
+        pending(merchant, "raced", 100),
+        pending(merchant, "fresh", 200),
+        pending(merchant, "raced", 100),
+    ];
+    let call = charges::insert_or_find_many(&conn, &items, Duration::from_secs(30));
+    let commit = async {
+        // Long enough for the statement to be waiting on the index.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        other.batch_execute("COMMIT").await.unwrap();
+    };
+    let (answers, ()) = tokio::join!(call, commit);
+    let answers = answers.unwrap();
+    let raced = answers[0].clone().expect("the raced key's charge");
+    assert_eq!((raced.0.id, raced.1), (earlier, false));
+    let again = answers[2].clone().expect("the duplicate's charge");
+    assert_eq!((again.0.id, again.1), (earlier, false));
+    assert!(answers[1].as_ref().expect("the fresh key").1);
+    assert_eq!(app.charge_rows().await, 2);
+}
+
 /// The idempotency contract through HTTP while batches form: many requests
 /// at once on a pool small enough that they queue, each key sent twice with
 /// the same body and once with another.
