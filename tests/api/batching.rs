@@ -387,6 +387,44 @@ async fn a_key_committed_while_the_statement_waits_is_found_in_the_same_call() {
     assert_eq!(app.charge_rows().await, 2);
 }
 
+/// The undo of an unconfirmed insert says whether it deleted the row: the
+/// service's undo task stops looking only when it has. A row someone has
+/// worked on since its insert (a takeover, an attempt) stays, and a row
+/// already gone is not deleted twice.
+#[tokio::test]
+async fn undoing_an_unconfirmed_insert_says_whether_it_deleted_the_row() {
+    let app = spawn_app().await;
+    let merchant = merchant_of(&app).await;
+    let conn = app.db.conn().await.unwrap();
+    let items = [
+        pending(merchant, "undone", 100),
+        pending(merchant, "kept", 200),
+    ];
+    charges::insert_or_find_many(&conn, &items, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let [undone, kept] = [items[0].id, items[1].id];
+    app.sql()
+        .await
+        .execute(
+            "UPDATE charges SET updated_at = now() + interval '1 second' WHERE id = $1",
+            &[kept.as_uuid()],
+        )
+        .await
+        .unwrap();
+
+    assert!(charges::forget_unconfirmed(&conn, merchant, undone)
+        .await
+        .unwrap());
+    assert!(!charges::forget_unconfirmed(&conn, merchant, undone)
+        .await
+        .unwrap());
+    assert!(!charges::forget_unconfirmed(&conn, merchant, kept)
+        .await
+        .unwrap());
+    assert_eq!(app.charge_rows().await, 1);
+}
+
 /// The idempotency contract through HTTP while batches form: many requests
 /// at once on a pool small enough that they queue, each key sent twice with
 /// the same body and once with another.
