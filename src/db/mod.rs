@@ -23,6 +23,7 @@ use std::time::Duration;
 use deadpool_postgres::{
     Manager, ManagerConfig, Object, Pool, QueueMode, RecyclingMethod, Runtime, Timeouts,
 };
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 use tracing::Instrument;
@@ -104,7 +105,6 @@ impl DbError {
     /// Whether the database could not be reached or did not answer in time
     /// (then the caller fails closed with 503), rather than a bug (500).
     pub fn is_transient(&self) -> bool {
-        use tokio_postgres::error::SqlState;
         match self {
             Self::Connect(_) | Self::Timeout(_) | Self::BatchLost => true,
             Self::Batch(error) => error.is_transient(),
@@ -117,25 +117,30 @@ impl DbError {
                             || std::error::Error::source(error)
                                 .is_some_and(|s| s.is::<std::io::Error>())
                     }
-                    Some(code) => {
-                        *code == SqlState::QUERY_CANCELED
-                            || *code == SqlState::ADMIN_SHUTDOWN
-                            || *code == SqlState::CRASH_SHUTDOWN
-                            || *code == SqlState::CANNOT_CONNECT_NOW
-                            || *code == SqlState::TOO_MANY_CONNECTIONS
-                            || *code == SqlState::T_R_SERIALIZATION_FAILURE
-                            || *code == SqlState::T_R_DEADLOCK_DETECTED
-                            // A standby, or a primary fenced read-only for a
-                            // switchover: the write did not happen.
-                            || *code == SqlState::READ_ONLY_SQL_TRANSACTION
-                            || code.code().starts_with("08")
-                    }
+                    Some(code) => transient_state(code),
                 }
             }
             Self::Pool(_) => true,
             Self::Url(_) | Self::Migrate(_) | Self::Build(_) | Self::Decode(_) => false,
         }
     }
+}
+
+/// The SQLSTATEs that say the database was unreachable, overloaded or in
+/// the way of this transaction (a 503 and a retry), rather than that the
+/// statement is wrong (a bug, 500). The class `08` is a connection error.
+fn transient_state(code: &SqlState) -> bool {
+    *code == SqlState::QUERY_CANCELED
+        || *code == SqlState::ADMIN_SHUTDOWN
+        || *code == SqlState::CRASH_SHUTDOWN
+        || *code == SqlState::CANNOT_CONNECT_NOW
+        || *code == SqlState::TOO_MANY_CONNECTIONS
+        || *code == SqlState::T_R_SERIALIZATION_FAILURE
+        || *code == SqlState::T_R_DEADLOCK_DETECTED
+        // A standby, or a primary fenced read-only for a switchover: the
+        // write did not happen.
+        || *code == SqlState::READ_ONLY_SQL_TRANSACTION
+        || code.code().starts_with("08")
 }
 
 fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, DbError> {
@@ -511,14 +516,17 @@ impl Conn {
 /// this connection for good, while a new one, with
 /// `target_session_attrs=read-write`, finds the new primary).
 fn connection_unusable(error: &tokio_postgres::Error) -> bool {
-    use tokio_postgres::error::SqlState;
-    error.code().is_none_or(|code| {
-        *code == SqlState::READ_ONLY_SQL_TRANSACTION
-            || *code == SqlState::ADMIN_SHUTDOWN
-            || *code == SqlState::CRASH_SHUTDOWN
-            || *code == SqlState::CANNOT_CONNECT_NOW
-            || code.code().starts_with("08")
-    })
+    error.code().is_none_or(unusable_state)
+}
+
+/// The SQLSTATEs after which a connection is not used again (see
+/// `connection_unusable`).
+fn unusable_state(code: &SqlState) -> bool {
+    *code == SqlState::READ_ONLY_SQL_TRANSACTION
+        || *code == SqlState::ADMIN_SHUTDOWN
+        || *code == SqlState::CRASH_SHUTDOWN
+        || *code == SqlState::CANNOT_CONNECT_NOW
+        || code.code().starts_with("08")
 }
 
 impl Drop for Conn {
@@ -652,6 +660,111 @@ pub async fn applied_migration(conn: &Conn) -> Result<Option<i64>, DbError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every SQLSTATE the classification names, and some it must not.
+    #[test]
+    fn sqlstates_are_classified_one_by_one() {
+        let transient = [
+            SqlState::QUERY_CANCELED,
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::CANNOT_CONNECT_NOW,
+            SqlState::TOO_MANY_CONNECTIONS,
+            SqlState::T_R_SERIALIZATION_FAILURE,
+            SqlState::T_R_DEADLOCK_DETECTED,
+            SqlState::READ_ONLY_SQL_TRANSACTION,
+            SqlState::CONNECTION_FAILURE,
+            SqlState::CONNECTION_EXCEPTION,
+        ];
+        let unusable = [
+            SqlState::READ_ONLY_SQL_TRANSACTION,
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::CANNOT_CONNECT_NOW,
+            SqlState::CONNECTION_FAILURE,
+            SqlState::PROTOCOL_VIOLATION,
+        ];
+        let neither = [
+            SqlState::UNIQUE_VIOLATION,
+            SqlState::CHECK_VIOLATION,
+            SqlState::FOREIGN_KEY_VIOLATION,
+            SqlState::SYNTAX_ERROR,
+            SqlState::UNDEFINED_TABLE,
+        ];
+        for code in &transient {
+            assert!(transient_state(code), "{} is transient", code.code());
+        }
+        for code in &unusable {
+            assert!(unusable_state(code), "{} ends the connection", code.code());
+        }
+        // A statement that is merely slow, or lost a race, leaves the
+        // connection usable.
+        for code in [
+            SqlState::QUERY_CANCELED,
+            SqlState::TOO_MANY_CONNECTIONS,
+            SqlState::T_R_SERIALIZATION_FAILURE,
+            SqlState::T_R_DEADLOCK_DETECTED,
+        ] {
+            assert!(
+                !unusable_state(&code),
+                "{} keeps the connection",
+                code.code()
+            );
+        }
+        for code in &neither {
+            assert!(
+                !transient_state(code),
+                "{} is a bug, not transient",
+                code.code()
+            );
+            assert!(
+                !unusable_state(code),
+                "{} keeps the connection",
+                code.code()
+            );
+        }
+    }
+
+    #[test]
+    fn errors_without_an_answer_are_ambiguous_and_transient() {
+        let timeout = DbError::Timeout(Duration::from_secs(1));
+        let decode = DbError::Decode("status".into());
+        assert!(timeout.is_ambiguous() && timeout.is_transient());
+        assert!(DbError::BatchLost.is_ambiguous() && DbError::BatchLost.is_transient());
+        assert!(!decode.is_ambiguous() && !decode.is_transient());
+        assert!(!DbError::Build("pool".into()).is_transient());
+        // A batch's error is its statement's.
+        let batch_of = |error| DbError::Batch(std::sync::Arc::new(error));
+        assert!(batch_of(DbError::BatchLost).is_ambiguous());
+        assert!(batch_of(DbError::BatchLost).is_transient());
+        assert!(!batch_of(DbError::Decode("x".into())).is_ambiguous());
+        assert!(!batch_of(DbError::Decode("x".into())).is_transient());
+        // No connection to be had from the pool: nothing was sent.
+        let closed = DbError::Pool(deadpool_postgres::PoolError::Closed);
+        assert!(closed.is_transient() && !closed.is_ambiguous());
+    }
+
+    /// A tokio-postgres error without a SQLSTATE: a failed connection (an IO
+    /// error underneath) is transient; a bad configuration is not.
+    #[tokio::test]
+    async fn an_error_without_sqlstate_is_transient_only_when_the_connection_failed() {
+        let refused = tokio_postgres::connect(
+            "host=127.0.0.1 port=1 user=nobody connect_timeout=2",
+            tokio_postgres::NoTls,
+        )
+        .await
+        .map(|_| ())
+        .expect_err("nothing listens on port 1");
+        let refused = DbError::Query(refused);
+        assert!(refused.is_transient(), "{refused:?}");
+        assert!(refused.is_ambiguous());
+        let config = "port=not-a-number"
+            .parse::<tokio_postgres::Config>()
+            .map(|_| ())
+            .expect_err("the port is not a number");
+        let config = DbError::Query(config);
+        assert!(!config.is_transient(), "{config:?}");
+    }
 
     #[test]
     fn a_statement_span_is_named_after_the_statement() {
