@@ -577,6 +577,62 @@ async fn every_log_line_about_a_request_carries_its_request_id() {
     assert_eq!(echoed.len(), 32);
 }
 
+/// A refund's access line names the refund (`re_…`), as a charge's names
+/// the charge.
+#[tokio::test]
+async fn a_refunds_access_line_carries_the_refund_id() {
+    let db = Database::migrated().await;
+    let secret = db.create_merchant().await;
+    let service = start_service(
+        &db.url,
+        &[
+            ("CHARGEONCE__LOG__FORMAT", "json".to_owned()),
+            ("RUST_LOG", "info".to_owned()),
+        ],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let post = |path: String, key: &'static str, body: String| {
+        http.post(format!("{}{path}", service.url))
+            .bearer_auth(&secret)
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+    };
+    let charge = post("/v1/charges".into(), "c", charge_body(1000))
+        .await
+        .unwrap();
+    assert_eq!(charge.status(), 201);
+    let charge: serde_json::Value = charge.json().await.unwrap();
+    let path = format!("/v1/charges/{}/refunds", charge["id"].as_str().unwrap());
+    let refund = post(path, "r", r#"{"amount":400}"#.into()).await.unwrap();
+    assert_eq!(refund.status(), 201);
+    let refund: serde_json::Value = refund.json().await.unwrap();
+    let id = refund["id"].as_str().unwrap();
+    assert!(id.starts_with("re_"), "{refund}");
+
+    let started = Instant::now();
+    let access = loop {
+        let found = service.log().into_iter().find(|line| {
+            line.contains("\"message\":\"request\"")
+                && line.contains("/refunds")
+                && line.contains("\"status\":201")
+        });
+        if let Some(line) = found {
+            break line;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:#?}",
+            service.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(access.contains(&format!("\"id\":\"{id}\"")), "{access}");
+    assert!(access.contains("\"idempotency\":\"created\""), "{access}");
+}
+
 /// With `chargeonce::db` at debug, every statement runs in a `db` span
 /// named after it and ends with a `statement` line (outcome, elapsed time):
 /// a statement of a request under the request's span, a batched one (its
