@@ -7,6 +7,8 @@ use crate::helpers::{charge_body, spawn_app_with, TestApp};
 use crate::processes::{start_service, Database, Process};
 use crate::processor_stub::ProcessorStub;
 
+const PAYMENTS: &str = "/v1/payments";
+
 /// An app on the stub with short leases and a quick, capped recovery pace;
 /// the HTTP processor makes one attempt per call (no immediate repeats), so
 /// stub calls count recovery rounds.
@@ -48,14 +50,15 @@ async fn a_processor_400_fails_the_charge_as_processor_rejected_once_and_for_all
     );
 }
 
-/// Waits 3 s after a charge went pending on `stub` (with `app_on(stub, 100,
-/// 800)`), asserts recovery backed off, and returns the calls. A worker that
+/// Waits 3 s after a charge (or refund: `path`) went pending on `stub` (with
+/// `app_on(stub, 100, 800)`), asserts recovery backed off, and returns the
+/// calls to `path`. A worker that
 /// did not back off would ask about every 100 ms (about 30 times in 3 s);
 /// with 100, 200, 400, 800, 800 ms (each half to all of it, at random) it
 /// asks at most about a dozen times.
-async fn backs_off(stub: &ProcessorStub) -> Vec<crate::processor_stub::Call> {
+async fn backs_off(stub: &ProcessorStub, path: &str) -> Vec<crate::processor_stub::Call> {
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let calls = stub.calls();
+    let calls = stub.calls_to(path);
     assert!(
         (4..=12).contains(&calls.len()),
         "{} calls in 3 s",
@@ -107,7 +110,7 @@ async fn a_key_conflict_at_the_processor_is_retried_with_backoff() {
         let app = app_on(&stub, 100, 800).await;
         let reply = app.post_charge("conflict", &charge_body(1000)).await;
         assert_eq!(reply.status, 202, "{status}: {}", reply.body);
-        backs_off(&stub).await;
+        backs_off(&stub, PAYMENTS).await;
         assert_eq!(
             app.count("SELECT count(*) FROM charges WHERE status = 'pending'")
                 .await,
@@ -124,7 +127,7 @@ async fn unknown_outcomes_stay_pending_and_recovery_backs_off_per_charge() {
     assert_eq!(reply.status, 202, "{}", reply.body);
     assert_eq!(reply.json()["status"], "pending");
 
-    let calls = backs_off(&stub).await;
+    let calls = backs_off(&stub, PAYMENTS).await;
     // The pace is kept on the row, so a restart keeps it.
     let client = app.sql().await;
     let row = client
@@ -165,6 +168,30 @@ async fn unknown_outcomes_stay_pending_and_recovery_backs_off_per_charge() {
     }
     let replay = app.post_charge("outage", &charge_body(1000)).await;
     assert_eq!(replay.status, 201, "{}", replay.body);
+}
+
+/// A refund whose outcome stays unknown is retried by recovery with the
+/// same backoff as a charge, paced by the refund's own attempts.
+#[tokio::test]
+async fn unknown_refund_outcomes_are_retried_with_backoff() {
+    let stub = ProcessorStub::start(201).await;
+    let app = app_on(&stub, 100, 800).await;
+    let charge = app.post_charge("paid", &charge_body(1000)).await;
+    assert_eq!(charge.status, 201, "{}", charge.body);
+    let charge = charge.json()["id"].as_str().unwrap().to_owned();
+    stub.answer(503);
+    let refund = app
+        .post_refund(&charge, "refund", r#"{"amount":400}"#)
+        .await;
+    assert_eq!(refund.status, 202, "{}", refund.body);
+    let calls = backs_off(&stub, "/v1/refunds").await;
+    let attempts = app
+        .count("SELECT processor_attempts::bigint FROM refunds WHERE status = 'pending'")
+        .await;
+    assert!(
+        attempts >= calls.len() as i64 - 1,
+        "{attempts} attempts recorded"
+    );
 }
 
 /// A conflict on the processor's key (409, 422) is not a decline: whether a

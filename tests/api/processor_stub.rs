@@ -11,6 +11,8 @@ use serde_json::json;
 
 #[derive(Debug, Clone)]
 pub struct Call {
+    /// `/v1/payments` or `/v1/refunds`.
+    pub path: String,
     pub key: String,
     pub at: Instant,
 }
@@ -30,7 +32,8 @@ pub struct ProcessorStub {
 }
 
 impl ProcessorStub {
-    /// A stub answering `status` to every payment until told otherwise.
+    /// A stub answering `status` to every payment and refund until told
+    /// otherwise.
     pub async fn start(status: u16) -> Self {
         let script = Arc::new(Mutex::new(Script {
             status,
@@ -44,6 +47,7 @@ impl ProcessorStub {
             App::new()
                 .app_data(web::Data::new(state.clone()))
                 .route("/v1/payments", web::post().to(pay))
+                .route("/v1/refunds", web::post().to(pay))
         })
         .workers(1)
         .shutdown_timeout(0)
@@ -68,8 +72,16 @@ impl ProcessorStub {
         self.script.lock().unwrap().delay = delay;
     }
 
+    /// Every call, payments and refunds.
     pub fn calls(&self) -> Vec<Call> {
         self.calls.lock().unwrap().clone()
+    }
+
+    /// The calls to one path (`/v1/payments`, `/v1/refunds`).
+    pub fn calls_to(&self, path: &str) -> Vec<Call> {
+        let mut calls = self.calls();
+        calls.retain(|call| call.path == path);
+        calls
     }
 }
 
@@ -82,6 +94,8 @@ impl Drop for ProcessorStub {
 
 type State = (Arc<Mutex<Script>>, Arc<Mutex<Vec<Call>>>);
 
+/// Payments and refunds alike: the scripted status, with the body the
+/// protocol gives it.
 async fn pay(state: web::Data<State>, request: HttpRequest, body: web::Bytes) -> HttpResponse {
     let key = request
         .headers()
@@ -91,6 +105,7 @@ async fn pay(state: web::Data<State>, request: HttpRequest, body: web::Bytes) ->
         .to_owned();
     let script = *state.0.lock().unwrap();
     state.1.lock().unwrap().push(Call {
+        path: request.path().to_owned(),
         key: key.clone(),
         at: Instant::now(),
     });
@@ -100,6 +115,11 @@ async fn pay(state: web::Data<State>, request: HttpRequest, body: web::Bytes) ->
     let payment: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     let status = actix_web::http::StatusCode::from_u16(script.status).unwrap();
     let body = match script.status {
+        201 if request.path() == "/v1/refunds" => {
+            json!({"id": format!("rf_{key}"), "status": "succeeded",
+                   "payment_id": payment["payment_id"],
+                   "amount": payment["amount"], "currency": payment["currency"]})
+        }
         201 => json!({"id": format!("pay_{key}"), "status": "succeeded",
                       "amount": payment["amount"], "currency": payment["currency"]}),
         402 => json!({"id": format!("pay_{key}"), "status": "declined",
