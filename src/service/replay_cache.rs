@@ -154,7 +154,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::domain::{Charge, ChargeId, Fingerprint};
+    use crate::domain::{Charge, ChargeId, Fingerprint, Refund, RefundId};
 
     const DAY: Duration = Duration::from_secs(86_400);
 
@@ -177,6 +177,26 @@ mod tests {
             amount_refunded: 0,
             processor_payment_id: None,
             created_at: created,
+        }
+    }
+
+    fn refund(status: Status) -> Refund {
+        Refund {
+            id: RefundId::new(),
+            merchant_id: MerchantId::from_uuid(uuid::Uuid::nil()),
+            charge_id: ChargeId::new(),
+            fingerprint: Fingerprint::of(&json!({"amount": 1})),
+            amount: 1,
+            currency: "EUR".to_owned(),
+            reason: None,
+            metadata: BTreeMap::new(),
+            status,
+            failure_code: None,
+            failure_message: None,
+            locked_until: None,
+            processor_attempts: 0,
+            processor_payment_id: "pay_1".to_owned(),
+            created_at: Utc::now(),
         }
     }
 
@@ -258,6 +278,21 @@ mod tests {
             (1..=6).contains(&big.entries()),
             "{} entries",
             big.entries()
+        );
+
+        // A refund's too (its metadata).
+        let big_refunds = ReplayCache::new(bound, DAY);
+        for n in 0..100 {
+            let mut refund = refund(Status::Succeeded);
+            refund
+                .metadata
+                .insert("note".to_owned(), "d".repeat(10_000));
+            big_refunds.remember(merchant, &key(&format!("big-{n}")), &refund);
+        }
+        assert!(
+            (1..=6).contains(&big_refunds.entries()),
+            "{} entries",
+            big_refunds.entries()
         );
 
         let off = ReplayCache::new(0, DAY);
