@@ -661,6 +661,65 @@ pub async fn applied_migration(conn: &Conn) -> Result<Option<i64>, DbError> {
 mod tests {
     use super::*;
 
+    fn settings(url: &str, statement_timeout_ms: u64) -> DatabaseSettings {
+        DatabaseSettings {
+            url: url.to_owned().into(),
+            pool_size: 4,
+            connect_timeout: Duration::from_millis(1500),
+            statement_timeout: Duration::from_millis(statement_timeout_ms),
+            query_timeout: Duration::from_millis(7000),
+            prepared_statements: true,
+            batch_rows: 64,
+            migrate_on_start: false,
+        }
+    }
+
+    /// `database.statement_timeout_ms` joins the URL's own `options`; 0
+    /// leaves them (and the server's setting) alone.
+    #[test]
+    fn the_statement_timeout_joins_the_options_of_the_url() {
+        let options = |url: &str, timeout_ms| {
+            pg_config(&settings(url, timeout_ms))
+                .expect("a valid URL")
+                .get_options()
+                .map(str::to_owned)
+        };
+        let timeout = Some("-c statement_timeout=5000".to_owned());
+        assert_eq!(options("postgres://u@h/db", 5000), timeout);
+        assert_eq!(options("postgres://u@h/db?options=", 5000), timeout);
+        assert_eq!(
+            options("postgres://u@h/db?options=-c%20work_mem%3D8MB", 5000).as_deref(),
+            Some("-c work_mem=8MB -c statement_timeout=5000")
+        );
+        assert_eq!(options("postgres://u@h/db", 0), None);
+        assert_eq!(
+            options("postgres://u@h/db?options=-c%20work_mem%3D8MB", 0).as_deref(),
+            Some("-c work_mem=8MB")
+        );
+    }
+
+    #[test]
+    fn a_connection_is_bounded_and_named() {
+        let config = pg_config(&settings("postgres://u@h/db", 5000)).expect("a valid URL");
+        assert_eq!(
+            config.get_connect_timeout(),
+            Some(&Duration::from_millis(1500))
+        );
+        assert_eq!(
+            config.get_tcp_user_timeout(),
+            Some(&Duration::from_millis(7000))
+        );
+        assert_eq!(config.get_keepalives_idle(), Duration::from_secs(10));
+        assert_eq!(config.get_application_name(), Some("chargeonce"));
+        let named = pg_config(&settings("postgres://u@h/db?application_name=mine", 0))
+            .expect("a valid URL");
+        assert_eq!(named.get_application_name(), Some("mine"));
+        assert!(matches!(
+            pg_config(&settings("postgres://u@h:port/db", 0)),
+            Err(DbError::Url(_))
+        ));
+    }
+
     /// Every SQLSTATE the classification names, and some it must not.
     #[test]
     fn sqlstates_are_classified_one_by_one() {
