@@ -2,6 +2,7 @@
 //! when many clients with different keys race for the same money.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -707,4 +708,64 @@ async fn the_database_refuses_books_that_break_the_refund_rules() {
         .await
         .unwrap();
     assert_eq!(updated, 1);
+}
+
+/// A refund whose COMMIT outlives the statement deadline: the request
+/// answers 503 ("nothing was processed") while PostgreSQL commits the row
+/// a moment later. That row is undone as soon as it can be seen, so it is
+/// never refunded by the recovery worker, its reservation comes back, and
+/// the client's retry is a fresh refund.
+#[tokio::test]
+async fn a_refund_whose_commit_was_unconfirmed_is_undone_so_503_stays_true() {
+    const LEASE: Duration = Duration::from_millis(3000);
+    let app = spawn_app_with(|s| {
+        s.database.query_timeout = Duration::from_millis(500);
+        s.idempotency.lease = LEASE;
+        s.recovery.interval = Duration::from_millis(100);
+    })
+    .await;
+    let charge = app.succeeded_charge("paid", 1000).await;
+    let warm = app.post_refund(&charge, "warm", r#"{"amount":100}"#).await;
+    assert_eq!(warm.status, 201, "{}", warm.body);
+    // The ghost's COMMIT takes 1.5 s (a deferred trigger), three times the
+    // deadline; nothing interrupts it when the client gives up.
+    app.sql()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS \
+               $$BEGIN IF NEW.client_idempotency_key = 'ghost' THEN PERFORM pg_sleep(1.5); END IF; \
+                 RETURN NULL; END$$; \
+             CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON refunds \
+               DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();",
+        )
+        .await
+        .unwrap();
+
+    app.post_refund(&charge, "ghost", r#"{"amount":200}"#)
+        .await
+        .assert_problem(503, "service_unavailable");
+    // Past the landed row's lease and many recovery rounds.
+    tokio::time::sleep(LEASE + Duration::from_millis(2000)).await;
+    let sql = app.sql().await;
+    let ghosts = sql
+        .query_one(
+            "SELECT count(*) FROM refunds WHERE client_idempotency_key = 'ghost'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    assert_eq!(ghosts, 0, "the unconfirmed refund was kept");
+    let books = sql
+        .query_one("SELECT refunds_reserved, amount_refunded FROM charges", &[])
+        .await
+        .unwrap();
+    assert_eq!((books.get::<_, i64>(0), books.get::<_, i64>(1)), (100, 100));
+
+    sql.batch_execute("DROP TRIGGER slow_commit ON refunds")
+        .await
+        .unwrap();
+    let retry = app.post_refund(&charge, "ghost", r#"{"amount":200}"#).await;
+    assert_eq!(retry.status, 201, "{}", retry.body);
+    assert_eq!(retry.header("idempotent-replayed"), None);
 }
