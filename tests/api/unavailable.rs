@@ -465,3 +465,44 @@ async fn an_unknown_outcome_is_recorded_once_the_database_is_back_and_frees_the_
     assert_eq!(retry.json()["id"], reply.json()["id"]);
     assert_eq!(stub.calls().len(), 2);
 }
+
+/// A database that stops answering in the middle of the readiness check
+/// is reported as unavailable, not as a schema behind this binary: both
+/// are 503, and the log's cause is what the on-call engineer reads.
+#[tokio::test]
+async fn readiness_tells_a_stalled_database_from_a_schema_behind() {
+    use crate::processes::{start_service, Database};
+
+    let db = Database::migrated().await;
+    let proxy = Proxy::start(database_address()).await;
+    let service = start_service(
+        &proxy.url_for(&db.url),
+        &[("CHARGEONCE__SERVER__WORKERS", "1".to_owned())],
+    )
+    .await;
+    let readyz = || reqwest::get(format!("{}/readyz", service.url));
+    // The one worker's pool holds a connection: the check gets as far as
+    // asking for the schema version.
+    assert_eq!(readyz().await.unwrap().status(), 200);
+
+    proxy.set_mode(ProxyMode::Stall);
+    assert_eq!(readyz().await.unwrap().status(), 503);
+    let started = Instant::now();
+    let cause = loop {
+        if let Some(line) = service
+            .log()
+            .into_iter()
+            .find(|line| line.contains("failing closed"))
+        {
+            break line;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:#?}",
+            service.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(cause.contains("did not answer"), "{cause}");
+    assert!(!cause.contains("schema"), "{cause}");
+}
