@@ -250,6 +250,21 @@ mod tests {
         assert!(short.get(merchant, &key("k")).is_none());
     }
 
+    /// An entry past its time is not only refused by `get` but gone: its
+    /// memory is given back without waiting for the size bound.
+    #[test]
+    fn an_expired_entry_leaves_the_cache() {
+        let merchant = MerchantId::from_uuid(uuid::Uuid::nil());
+        // A retention one second longer than the margin: a fresh record
+        // has about a second left.
+        let cache = ReplayCache::new(1 << 20, RELEASE_MARGIN + Duration::from_secs(1));
+        cache.remember(merchant, &key("k"), &charge(Status::Succeeded, Utc::now()));
+        assert_eq!(cache.entries(), 1);
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(cache.get(merchant, &key("k")).is_none());
+        assert_eq!(cache.entries(), 0);
+    }
+
     #[test]
     fn the_cache_stays_within_its_bytes_and_can_be_off() {
         let merchant = MerchantId::from_uuid(uuid::Uuid::nil());
