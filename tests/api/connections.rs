@@ -296,3 +296,38 @@ async fn slow_clients_are_bounded_in_time_and_number() {
     );
     assert!(rss < 64 * 1024 * 1024, "RSS {} MB", rss / 1024 / 1024);
 }
+
+/// `database.prepared_statements = false` (for PgBouncer in transaction
+/// pooling mode) leaves no named statement on the server, whichever way a
+/// statement is run; with it on, statements are prepared once per
+/// connection and reused.
+#[tokio::test]
+async fn unnamed_statements_leave_nothing_prepared_on_the_server() {
+    use chargeonce::db::{Database as Pool, Statement};
+
+    const PREPARED: Statement = Statement {
+        sql: "SELECT count(*) AS n FROM pg_prepared_statements",
+        params: &[],
+    };
+    let database = crate::helpers::migrated_database().await;
+    for prepared in [false, true] {
+        let mut settings = crate::helpers::direct_settings(&database.url).database;
+        settings.prepared_statements = prepared;
+        let pool = Pool::new(&settings, 1).unwrap();
+        let conn = pool.conn().await.unwrap();
+        conn.query(&chargeonce::db::APPLIED_MIGRATION, &[])
+            .await
+            .unwrap();
+        chargeonce::db::applied_migration(&conn).await.unwrap();
+        chargeonce::db::events::delete_expired(&conn, chrono::Utc::now(), 10)
+            .await
+            .unwrap();
+        let rows = conn.query(&PREPARED, &[]).await.unwrap();
+        let count: i64 = rows[0].get("n");
+        if prepared {
+            assert_eq!(count, 3, "each statement prepared once");
+        } else {
+            assert_eq!(count, 0, "nothing named on the server");
+        }
+    }
+}
