@@ -274,8 +274,9 @@ mod tests {
             let charge = charge(Status::Succeeded, Utc::now());
             cache.remember(merchant, &key(&format!("key-{n}")), &charge);
         }
+        // Full: within its bound, and not far below it.
         assert!(
-            cache.weighted_bytes() <= bound,
+            (bound / 2..=bound).contains(&cache.weighted_bytes()),
             "{}",
             cache.weighted_bytes()
         );
