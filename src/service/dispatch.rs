@@ -98,7 +98,7 @@ impl Dispatcher {
             events_dispatched: fanned.events,
             deliveries_created: fanned.deliveries,
             deliveries_started: started,
-            busy: fanned.events >= self.settings.batch_size || (free > 0 && started >= free),
+            busy: more_to_do(fanned.events, self.settings.batch_size, free, started),
         })
     }
 
@@ -218,6 +218,14 @@ impl Dispatcher {
     }
 }
 
+/// Whether a round probably left work that is ready now: it fanned out a
+/// full batch of events, or it started a delivery for every permit that
+/// was free. With no permit free it claimed nothing, and what is due waits
+/// for the next interval, when attempts in flight have given theirs back.
+fn more_to_do(events: i64, batch_size: i64, free: usize, started: usize) -> bool {
+    events >= batch_size || (free > 0 && started >= free)
+}
+
 /// How long to wait after failed attempt number `attempt` (1-based): a
 /// random share (`jitter` in 0..1) of `base · 2^(attempt-1)`, at most
 /// `cap` ("full jitter"), so deliveries that failed together, e.g. while a
@@ -231,6 +239,17 @@ pub fn backoff(attempt: i32, base: Duration, cap: Duration, jitter: f64) -> Dura
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_round_goes_again_at_once_only_after_a_full_batch() {
+        // (events fanned out, batch size, free permits, deliveries started)
+        assert!(more_to_do(10, 10, 0, 0), "a full fan-out");
+        assert!(more_to_do(11, 10, 4, 0), "more than a batch");
+        assert!(more_to_do(3, 10, 4, 4), "every free permit used");
+        assert!(!more_to_do(9, 10, 4, 3), "fewer due than permits");
+        assert!(!more_to_do(9, 10, 0, 0), "no permit free: nothing claimed");
+        assert!(!more_to_do(0, 10, 4, 0), "nothing to do");
+    }
 
     #[test]
     fn the_backoff_doubles_up_to_the_cap_with_full_jitter() {
