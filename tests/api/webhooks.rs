@@ -1275,3 +1275,55 @@ async fn an_event_written_by_any_statement_is_queued() {
         before + 1
     );
 }
+
+/// The database goes away while a receiver holds a delivery: the attempt's
+/// outcome is recorded as soon as the database is back (retried within the
+/// delivery's lease), so the delivery is marked delivered at once and never
+/// sent again.
+#[tokio::test]
+async fn an_attempt_is_recorded_once_the_database_is_back() {
+    use chargeonce_testkit::{Proxy, ProxyMode};
+    use secrecy::ExposeSecret;
+
+    let proxy = Proxy::start(crate::helpers::database_address()).await;
+    let app = spawn_app_with(|s| {
+        fast(s);
+        s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
+        s.database.connect_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let receiver = Receiver::start().await;
+    receiver.delay(Duration::from_millis(800));
+    create_endpoint(&app.address, &app.api_key, &receiver.url, None).await;
+    assert_eq!(app.post_charge("held", &charge_body(100)).await.status, 201);
+
+    let started = Instant::now();
+    while receiver.in_flight() == 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "never sent");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The receiver answers while the database is cut off.
+    proxy.set_mode(ProxyMode::Cut);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    proxy.set_mode(ProxyMode::Forward);
+    let back = Instant::now();
+    // The delivery's lease is the timeout + 5 s = 7 s: recorded well before
+    // it runs out, not sent again when it does.
+    let sql = app.sql().await;
+    loop {
+        let row = sql
+            .query_one("SELECT status, attempts FROM webhook_deliveries", &[])
+            .await
+            .unwrap();
+        if row.get::<_, String>(0) == "delivered" {
+            assert_eq!(row.get::<_, i32>(1), 1);
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(3),
+            "not recorded within 3 s of the database coming back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(receiver.received().len(), 1);
+}
