@@ -11,7 +11,7 @@ use crate::webhook_receiver::{create_endpoint, Answer, Receiver};
 
 /// The sum of the samples of `family` whose labels include all of `labels`
 /// (histograms: their `_count`).
-fn sample(text: &str, family: &str, labels: &[(&str, &str)]) -> f64 {
+pub fn sample(text: &str, family: &str, labels: &[(&str, &str)]) -> f64 {
     text.lines()
         .filter(|line| !line.starts_with('#'))
         .filter_map(|line| {
@@ -35,7 +35,7 @@ fn sample(text: &str, family: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
-async fn scrape(app: &TestApp) -> String {
+pub async fn scrape(app: &TestApp) -> String {
     let reply = app.get("/metrics").await;
     assert_eq!(reply.status, 200);
     assert!(reply

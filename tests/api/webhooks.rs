@@ -327,6 +327,14 @@ async fn deliveries_follow_event_types_and_stop_when_the_endpoint_is_deleted() {
             r.len() >= 2
         })
         .await;
+    let given_up_total = |text: &str| {
+        crate::observability::sample(
+            text,
+            "chargeonce_webhook_deliveries_failed_total",
+            &[("reason", "endpoint_deleted")],
+        )
+    };
+    let given_up_before = given_up_total(&crate::observability::scrape(&app).await);
     let (status, _) = delete_endpoint(
         &app.address,
         &app.api_key,
@@ -360,6 +368,19 @@ async fn deliveries_follow_event_types_and_stop_when_the_endpoint_is_deleted() {
         .filter(|r| r.at > deleted_at + Duration::from_millis(50))
         .count();
     assert_eq!(late, 0, "attempts after the deletion");
+    // Counted (the recorder is shared by the tests of this binary: only
+    // the increase is asserted).
+    assert!(given_up_total(&crate::observability::scrape(&app).await) >= given_up_before + 1.0);
+    // And the dispatcher goes on with the other endpoints.
+    let sent = all.received().len();
+    assert_eq!(
+        app.post_charge("fourth", &charge_body(400)).await.status,
+        201
+    );
+    all.wait_until("the next event", Duration::from_secs(10), |r| {
+        r.len() > sent
+    })
+    .await;
 }
 
 /// The `webhook-signature` of `received`, computed here from the Standard
