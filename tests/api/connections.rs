@@ -331,3 +331,40 @@ async fn unnamed_statements_leave_nothing_prepared_on_the_server() {
         }
     }
 }
+
+/// A statement PostgreSQL rejects leaves its connection as good as before,
+/// so the pool keeps it (no reconnect per client error); a connection the
+/// server ended is replaced.
+#[tokio::test]
+async fn a_rejected_statement_keeps_its_connection_and_a_dead_one_is_replaced() {
+    use chargeonce::db::{Database as Pool, Statement};
+
+    const PID: Statement = Statement {
+        sql: "SELECT pg_backend_pid() AS pid",
+        params: &[],
+    };
+    const REJECTED: Statement = Statement {
+        sql: "SELECT 1 / 0 AS never",
+        params: &[],
+    };
+    const ENDED: Statement = Statement {
+        sql: "SELECT pg_terminate_backend(pg_backend_pid()) AS ended",
+        params: &[],
+    };
+    let database = crate::helpers::migrated_database().await;
+    let settings = crate::helpers::direct_settings(&database.url).database;
+    let pool = Pool::new(&settings, 1).unwrap();
+    let pid = |rows: Vec<tokio_postgres::Row>| rows[0].get::<_, i32>("pid");
+
+    let conn = pool.conn().await.unwrap();
+    let first = pid(conn.query(&PID, &[]).await.unwrap());
+    assert!(conn.query(&REJECTED, &[]).await.is_err());
+    drop(conn);
+    let conn = pool.conn().await.unwrap();
+    assert_eq!(pid(conn.query(&PID, &[]).await.unwrap()), first);
+
+    assert!(conn.query(&ENDED, &[]).await.is_err());
+    drop(conn);
+    let conn = pool.conn().await.unwrap();
+    assert_ne!(pid(conn.query(&PID, &[]).await.unwrap()), first);
+}
