@@ -145,6 +145,13 @@ pub struct Claim {
     pub dropped: usize,
 }
 
+impl Claim {
+    /// How many due deliveries the claim took: to attempt, or given up.
+    pub fn taken(&self) -> usize {
+        self.deliveries.len() + self.dropped
+    }
+}
+
 /// See `CLAIM_DUE`.
 pub async fn claim_due(conn: &Conn, lease: Duration, batch: i64) -> Result<Claim, DbError> {
     let rows = conn
@@ -284,4 +291,19 @@ fn delivery_status(row: &Row, name: &str) -> Result<DeliveryStatus, DbError> {
     let text: &str = column(row, name)?;
     DeliveryStatus::parse(text)
         .ok_or_else(|| DbError::Decode(format!("column {name}: unknown delivery status {text:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deliveries_given_up_count_as_taken() {
+        let claim = Claim {
+            deliveries: Vec::new(),
+            dropped: 3,
+        };
+        assert_eq!(claim.taken(), 3);
+        assert_eq!(Claim::default().taken(), 0);
+    }
 }

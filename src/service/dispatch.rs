@@ -102,7 +102,9 @@ impl Dispatcher {
         })
     }
 
-    /// Claims up to `free` due deliveries and starts an attempt of each.
+    /// Claims up to `free` due deliveries and starts an attempt of each;
+    /// returns how many it took off the queue, given up ones included (a
+    /// claim full of them is a full batch too).
     async fn start_due(&self, free: usize) -> Result<usize, ServiceError> {
         let lease = self.settings.lease();
         // Our clock's view of the lease ends no later than the database's.
@@ -119,7 +121,7 @@ impl Dispatcher {
                 "gave up deliveries to deleted webhook endpoints"
             );
         }
-        let started = claim.deliveries.len();
+        let taken = claim.taken();
         for delivery in claim.deliveries {
             // Only this task takes permits, and it claimed no more than
             // were free: this cannot fail. If it ever did, the delivery's
@@ -134,7 +136,7 @@ impl Dispatcher {
                 drop(permit);
             });
         }
-        Ok(started + claim.dropped)
+        Ok(taken)
     }
 
     /// Sends one delivery and records the attempt.
