@@ -1349,26 +1349,32 @@ async fn an_attempt_is_recorded_once_the_database_is_back() {
     assert_eq!(receiver.received().len(), 1);
 }
 
-/// The log speaks of deliveries given up for deleted endpoints only when
-/// there were some: rounds that give up nothing say nothing.
+/// What the dispatcher logs at info: each failed attempt, numbered from 1
+/// as the delivery's attempt log numbers it; and deliveries given up for
+/// deleted endpoints only when there were some: rounds that give nothing
+/// up say nothing of it.
 #[tokio::test]
-async fn rounds_that_give_nothing_up_say_nothing_of_it() {
+async fn the_dispatcher_logs_each_failed_attempt_by_number_and_nothing_idle() {
     let db = Database::migrated().await;
     let secret = db.create_merchant().await;
     let receiver = Receiver::start().await;
+    receiver.script([Answer::Status(500), Answer::Status(500)]);
     let mut env = dispatcher_env(3000);
     env.push(("RUST_LOG", "info".to_owned()));
     let service = start_service(&db.url, &env).await;
     create_endpoint(&service.url, &secret, &receiver.url, None).await;
-    create_charges(&[&service], &secret, 3).await;
-    wait_all_delivered(&db, &receiver, 3, Duration::from_secs(10)).await;
+    create_charges(&[&service], &secret, 1).await;
+    wait_all_delivered(&db, &receiver, 1, Duration::from_secs(10)).await;
     // Many more rounds (one every 20 ms) with nothing to give up.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let log = service.log();
-    assert!(
-        log.iter().any(|line| line.contains("chargeonce listening")),
-        "the info lines are there: {log:#?}"
-    );
+    let retried: Vec<_> = log
+        .iter()
+        .filter(|line| line.contains("webhook attempt failed; will retry"))
+        .collect();
+    assert_eq!(retried.len(), 2, "{log:#?}");
+    assert!(retried[0].contains("attempt=1"), "{}", retried[0]);
+    assert!(retried[1].contains("attempt=2"), "{}", retried[1]);
     let spoken: Vec<_> = log
         .iter()
         .filter(|line| line.contains("deleted webhook endpoints"))
