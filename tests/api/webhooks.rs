@@ -1381,3 +1381,44 @@ async fn the_dispatcher_logs_each_failed_attempt_by_number_and_nothing_idle() {
         .collect();
     assert!(spoken.is_empty(), "{spoken:#?}");
 }
+
+/// An attempt whose record the database refuses for good (not a database
+/// that is away) is not retried: the dispatcher says so at once and leaves
+/// the delivery to come due again when its lease runs out.
+#[tokio::test]
+async fn an_attempt_the_database_refuses_to_record_is_given_up_at_once() {
+    let db = Database::migrated().await;
+    let secret = db.create_merchant().await;
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION refuse_attempt() RETURNS trigger LANGUAGE plpgsql AS \
+               $$BEGIN RAISE EXCEPTION 'refused by the test'; END$$; \
+             CREATE TRIGGER refuse_attempt BEFORE INSERT ON webhook_attempts \
+               FOR EACH ROW EXECUTE FUNCTION refuse_attempt();",
+        )
+        .await
+        .unwrap();
+    let receiver = Receiver::start().await;
+    let service = start_service(&db.url, &dispatcher_env(3000)).await;
+    create_endpoint(&service.url, &secret, &receiver.url, None).await;
+    create_charges(&[&service], &secret, 1).await;
+    receiver
+        .wait_until("the attempt", Duration::from_secs(10), |r| !r.is_empty())
+        .await;
+    let sent = Instant::now();
+    loop {
+        let log = service.log();
+        if log
+            .iter()
+            .any(|line| line.contains("cannot record a webhook attempt; the delivery comes due"))
+        {
+            break;
+        }
+        assert!(
+            sent.elapsed() < Duration::from_secs(2),
+            "still retrying a refusal: {log:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
