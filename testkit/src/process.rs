@@ -146,6 +146,23 @@ impl Spawned {
         self.log.lines()
     }
 
+    /// The first log line for which `wanted` holds, waiting for it up to
+    /// `limit`; panics with the whole log if none comes.
+    pub async fn wait_for_line(&self, limit: Duration, wanted: impl Fn(&str) -> bool) -> String {
+        let started = std::time::Instant::now();
+        loop {
+            let log = self.log();
+            if let Some(line) = log.iter().find(|line| wanted(line)) {
+                return line.clone();
+            }
+            assert!(
+                started.elapsed() < limit,
+                "no such line within {limit:?}: {log:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Sends `signal` (e.g. `Signal::SIGTERM`, `Signal::SIGKILL`).
     pub fn signal(&self, signal: Signal) {
         let pid = Pid::from_raw(i32::try_from(self.child.id()).expect("pid fits i32"));

@@ -612,23 +612,13 @@ async fn a_refunds_access_line_carries_the_refund_id() {
     let id = refund["id"].as_str().unwrap();
     assert!(id.starts_with("re_"), "{refund}");
 
-    let started = Instant::now();
-    let access = loop {
-        let found = service.log().into_iter().find(|line| {
+    let access = service
+        .wait_for_line(Duration::from_secs(5), |line| {
             line.contains("\"message\":\"request\"")
                 && line.contains("/refunds")
                 && line.contains("\"status\":201")
-        });
-        if let Some(line) = found {
-            break line;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{:#?}",
-            service.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        })
+        .await;
     assert!(access.contains(&format!("\"id\":\"{id}\"")), "{access}");
     assert!(access.contains("\"idempotency\":\"created\""), "{access}");
 }

@@ -487,22 +487,11 @@ async fn readiness_tells_a_stalled_database_from_a_schema_behind() {
 
     proxy.set_mode(ProxyMode::Stall);
     assert_eq!(readyz().await.unwrap().status(), 503);
-    let started = Instant::now();
-    let cause = loop {
-        if let Some(line) = service
-            .log()
-            .into_iter()
-            .find(|line| line.contains("failing closed"))
-        {
-            break line;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{:#?}",
-            service.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let cause = service
+        .wait_for_line(Duration::from_secs(5), |line| {
+            line.contains("failing closed")
+        })
+        .await;
     assert!(cause.contains("did not answer"), "{cause}");
     assert!(!cause.contains("schema"), "{cause}");
 }
