@@ -1413,3 +1413,37 @@ async fn an_attempt_the_database_refuses_to_record_is_given_up_at_once() {
         })
         .await;
 }
+
+/// A graceful stop (SIGTERM) waits for the attempts in flight and records
+/// them: a delivery the receiver was answering is delivered, not left to
+/// come due again and be sent twice.
+#[tokio::test]
+async fn a_graceful_stop_records_the_attempts_in_flight() {
+    let db = Database::migrated().await;
+    let secret = db.create_merchant().await;
+    let receiver = Receiver::start().await;
+    receiver.delay(Duration::from_millis(1000));
+    let mut service = start_service(&db.url, &dispatcher_env(3000)).await;
+    create_endpoint(&service.url, &secret, &receiver.url, None).await;
+    create_charges(&[&service], &secret, 1).await;
+    let started = Instant::now();
+    while receiver.in_flight() == 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "never sent");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    service.signal(Signal::SIGTERM);
+    service
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("stopped");
+    let row = db
+        .client()
+        .await
+        .query_one("SELECT status, attempts FROM webhook_deliveries", &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        (row.get::<_, String>(0), row.get::<_, i32>(1)),
+        ("delivered".to_owned(), 1)
+    );
+}
