@@ -8,6 +8,7 @@ use crate::processes::{start_service, Database, Process};
 use crate::processor_stub::ProcessorStub;
 
 const PAYMENTS: &str = "/v1/payments";
+const REFUNDS: &str = "/v1/refunds";
 
 /// An app on the stub with short leases and a quick, capped recovery pace;
 /// the HTTP processor makes one attempt per call (no immediate repeats), so
@@ -52,10 +53,9 @@ async fn a_processor_400_fails_the_charge_as_processor_rejected_once_and_for_all
 
 /// Waits 3 s after a charge (or refund: `path`) went pending on `stub` (with
 /// `app_on(stub, 100, 800)`), asserts recovery backed off, and returns the
-/// calls to `path`. A worker that
-/// did not back off would ask about every 100 ms (about 30 times in 3 s);
-/// with 100, 200, 400, 800, 800 ms (each half to all of it, at random) it
-/// asks at most about a dozen times.
+/// calls to `path`. A worker that did not back off would ask about every
+/// 100 ms (about 30 times in 3 s); with 100, 200, 400, 800, 800 ms (each
+/// half to all of it, at random) it asks at most about a dozen times.
 async fn backs_off(stub: &ProcessorStub, path: &str) -> Vec<crate::processor_stub::Call> {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let calls = stub.calls_to(path);
@@ -184,7 +184,7 @@ async fn unknown_refund_outcomes_are_retried_with_backoff() {
         .post_refund(&charge, "refund", r#"{"amount":400}"#)
         .await;
     assert_eq!(refund.status, 202, "{}", refund.body);
-    let calls = backs_off(&stub, "/v1/refunds").await;
+    let calls = backs_off(&stub, REFUNDS).await;
     let attempts = app
         .count("SELECT processor_attempts::bigint FROM refunds WHERE status = 'pending'")
         .await;
