@@ -161,6 +161,19 @@ impl Receiver {
         arrivals
     }
 
+    /// Waits up to `limit` until a request is being handled (held by the
+    /// receiver's delay).
+    pub async fn wait_for_in_flight(&self, limit: Duration) {
+        let started = Instant::now();
+        while self.in_flight() == 0 {
+            assert!(
+                started.elapsed() < limit,
+                "nothing in flight within {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// Waits until `done` holds for what arrived so far.
     pub async fn wait_until(
         &self,

@@ -1006,14 +1006,7 @@ async fn a_dispatcher_killed_mid_delivery_loses_no_event_and_resends_with_the_sa
     create_endpoint(&first.url, &secret, &receiver.url, None).await;
     create_charges(&[&first], &secret, 20).await;
 
-    let started = Instant::now();
-    while receiver.in_flight() == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "nothing arrived"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    receiver.wait_for_in_flight(Duration::from_secs(10)).await;
     first.signal(Signal::SIGKILL);
     first
         .wait_exit(Duration::from_secs(5))
@@ -1318,11 +1311,7 @@ async fn an_attempt_is_recorded_once_the_database_is_back() {
     create_endpoint(&app.address, &app.api_key, &receiver.url, None).await;
     assert_eq!(app.post_charge("held", &charge_body(100)).await.status, 201);
 
-    let started = Instant::now();
-    while receiver.in_flight() == 0 {
-        assert!(started.elapsed() < Duration::from_secs(10), "never sent");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    receiver.wait_for_in_flight(Duration::from_secs(10)).await;
     // The receiver answers while the database is cut off.
     proxy.set_mode(ProxyMode::Cut);
     tokio::time::sleep(Duration::from_millis(1200)).await;
@@ -1426,11 +1415,7 @@ async fn a_graceful_stop_records_the_attempts_in_flight() {
     let mut service = start_service(&db.url, &dispatcher_env(3000)).await;
     create_endpoint(&service.url, &secret, &receiver.url, None).await;
     create_charges(&[&service], &secret, 1).await;
-    let started = Instant::now();
-    while receiver.in_flight() == 0 {
-        assert!(started.elapsed() < Duration::from_secs(10), "never sent");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    receiver.wait_for_in_flight(Duration::from_secs(10)).await;
     service.signal(Signal::SIGTERM);
     service
         .wait_exit(Duration::from_secs(10))
