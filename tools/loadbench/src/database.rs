@@ -2,11 +2,12 @@
 //! server the benchmark is given (dropped at the end, a crashed run's
 //! leftovers swept by the kit), with pg_stat_statements, the service's
 //! schema (migrated by the binary itself) and the floor's table. Also what
-//! the report says about the server, and the CHECKPOINT before each run.
+//! the report says about the server, and the quiet start of each run.
 
 use std::cell::Cell;
+use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result};
+use anyhow::{bail, Context as _, Result};
 use chargeonce_testkit::{redact, TestDatabase};
 use tokio_postgres::{Client, NoTls};
 
@@ -113,23 +114,66 @@ pub struct Machine {
     pub settings: String,
 }
 
-/// CHECKPOINT before each measured run, so that no run pays for the
-/// previous one's dirty pages. Needs superuser (or pg_checkpoint); without
-/// it the runs go on unaligned, with one warning.
+/// Longest wait for the service's outbox to empty before a run.
+const SETTLE_LIMIT: Duration = Duration::from_secs(180);
+
+/// Before each measured run: the service's webhook dispatcher has fanned out
+/// every event written so far, then a CHECKPOINT, so that no run pays for
+/// the previous one's leftovers. Without the first, the events of one run
+/// (the own-SQL pgbench writes the service's events too, and the service
+/// fans them out) would be fanned out during the next: the floor's pgbench
+/// would share the machine with the dispatcher, and replays at one client
+/// measured beside a backlog of tens of thousands of events. The CHECKPOINT
+/// needs superuser (or pg_checkpoint); without it the runs go on unaligned,
+/// with one warning.
 pub struct Checkpointer<'a> {
     admin: &'a Client,
+    bench: &'a Client,
     warned: Cell<bool>,
+    /// The longest wait for the outbox so far.
+    pub longest_settle: Cell<Duration>,
 }
 
 impl<'a> Checkpointer<'a> {
-    pub fn new(admin: &'a Client) -> Self {
+    pub fn new(database: &'a BenchDatabase) -> Self {
         Self {
-            admin,
+            admin: &database.admin,
+            bench: &database.client,
             warned: Cell::new(false),
+            longest_settle: Cell::new(Duration::ZERO),
         }
     }
 
-    pub async fn run(&self) {
+    /// Waits for the outbox to empty, then checkpoints.
+    pub async fn run(&self) -> Result<()> {
+        let started = Instant::now();
+        loop {
+            let waiting: bool = self
+                .bench
+                .query_one("SELECT EXISTS (SELECT 1 FROM event_queue)", &[])
+                .await
+                .context("looking at the service's outbox (event_queue)")?
+                .get(0);
+            if !waiting {
+                break;
+            }
+            if started.elapsed() > SETTLE_LIMIT {
+                bail!(
+                    "the service's webhook dispatcher did not empty its outbox within {} s",
+                    SETTLE_LIMIT.as_secs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let waited = started.elapsed();
+        if waited > self.longest_settle.get() {
+            self.longest_settle.set(waited);
+        }
+        self.checkpoint().await;
+        Ok(())
+    }
+
+    async fn checkpoint(&self) {
         if let Err(error) = self.admin.batch_execute("CHECKPOINT").await {
             if !self.warned.replace(true) {
                 say(format!(

@@ -353,18 +353,18 @@ async fn measure(
     pgbench.check(&database.client).await?;
 
     let mut rows = Vec::new();
-    let checkpoint = Checkpointer::new(&database.admin);
+    let checkpoint = Checkpointer::new(database);
     for workload in [Workload::New, Workload::Replay, Workload::Mix] {
         for &connections in plan.connections {
-            checkpoint.run().await;
+            checkpoint.run().await?;
             let sample =
                 scenario::closed_loop(&api, workload, connections, plan, service.pid()).await;
             let sample = or_explain(sample, binary, &mut service, out_dir).await?;
-            checkpoint.run().await;
+            checkpoint.run().await?;
             let own = pgbench
                 .run(&pgbench.own_sql, workload, connections, plan, service.pid())
                 .await?;
-            checkpoint.run().await;
+            checkpoint.run().await?;
             let floor = pgbench
                 .run(&pgbench.floor, workload, connections, plan, service.pid())
                 .await?;
@@ -388,7 +388,7 @@ async fn measure(
             });
         }
     }
-    checkpoint.run().await;
+    checkpoint.run().await?;
     let bursts = scenario::bursts(&api, plan, service.pid()).await;
     let (sample, bursts) = or_explain(bursts, binary, &mut service, out_dir).await?;
     say(format!(
@@ -418,6 +418,7 @@ async fn measure(
         peak_rss,
         capture,
         ready,
+        longest_settle: checkpoint.longest_settle.get(),
         commands: pgbench.command_lines(),
     })
 }

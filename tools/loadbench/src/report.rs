@@ -49,6 +49,9 @@ pub struct Report {
     pub peak_rss: u64,
     pub capture: Capture,
     pub ready: Vec<Duration>,
+    /// The longest wait, before a run, for the service's webhook dispatcher
+    /// to fan out what the previous runs left (`database::Checkpointer`).
+    pub longest_settle: Duration,
     /// The pgbench commands, own SQL then floor.
     pub commands: Vec<String>,
 }
@@ -318,6 +321,11 @@ impl Report {
             self.ready.len(),
             ms(median),
             ms(slowest)
+        );
+        let _ = writeln!(
+            md,
+            "| longest wait before a run for the webhook dispatcher to fan out the events of the runs before | {:.1} s |",
+            self.longest_settle.as_secs_f64()
         );
     }
 
