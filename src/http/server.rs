@@ -319,29 +319,35 @@ impl AsyncWrite for Guarded {
 /// its length and the error to answer instead. Our application never sends
 /// a 400, 408, 431 or 500 without a body, so the match cannot hit one of
 /// ours.
+///
+/// Every answer passes through here, so the status line is looked at first
+/// and only those four statuses are searched further: the head is not
+/// scanned, decoded and lowercased for a 201.
 fn framework_error(
     written: &[u8],
     request: &[u8],
     header_timeout: Duration,
 ) -> Option<(usize, ApiError)> {
+    let status = written.strip_prefix(b"HTTP/1.")?.get(2..5)?;
+    if ![b"400", b"408", b"431", b"500"].contains(&status.try_into().ok()?) {
+        return None;
+    }
     let head_end = find(written, b"\r\n\r\n")? + 4;
     let head = std::str::from_utf8(&written[..head_end]).ok()?;
-    let status = head.strip_prefix("HTTP/1.")?.get(2..5)?;
     let lower = head.to_ascii_lowercase();
     if !lower.contains("\r\ncontent-length: 0\r\n") || lower.contains("\r\ncontent-type:") {
         return None;
     }
     let error = match status {
-        "400" => diagnose(request),
-        "431" => ApiError::HeaderFieldsTooLarge,
-        "408" => ApiError::RequestTimeout {
+        b"400" => diagnose(request),
+        b"431" => ApiError::HeaderFieldsTooLarge,
+        b"408" => ApiError::RequestTimeout {
             detail: format!(
                 "the request head did not arrive within {} ms",
                 header_timeout.as_millis()
             ),
         },
-        "500" => ApiError::Internal("actix-http failed while handling the request".into()),
-        _ => return None,
+        _ => ApiError::Internal("actix-http failed while handling the request".into()),
     };
     Some((head_end, error))
 }
