@@ -61,7 +61,7 @@ pub(crate) async fn create_for(
     let body = body::json(request, payload, limits).await?;
     let new_charge = NewCharge::parse(&body)
         .map_err(|errors| ApiError::invalid("the charge request is invalid", errors))?;
-    let fingerprint = RequestFingerprint::new(&new_charge.normalised(), &body);
+    let fingerprint = RequestFingerprint::new(&new_charge.normalised(), body);
     let reply = charges
         .create(merchant, &key, fingerprint, &new_charge)
         .await?;

@@ -53,7 +53,7 @@ pub async fn create(
     let body = body::json(&request, payload, &limits).await?;
     let new_refund = NewRefund::parse(&body)
         .map_err(|errors| ApiError::invalid("the refund request is invalid", errors))?;
-    let fingerprint = RequestFingerprint::new(&new_refund.normalised(), &body);
+    let fingerprint = RequestFingerprint::new(&new_refund.normalised(), body);
     let reply = refunds
         .create(merchant, charge, &key, fingerprint, &new_refund)
         .await?;

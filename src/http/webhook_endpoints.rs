@@ -47,7 +47,7 @@ pub(super) async fn create(
     let body = body::json(&request, payload, &limits).await?;
     let new_endpoint = NewWebhookEndpoint::parse(&body)
         .map_err(|errors| ApiError::invalid("the webhook endpoint is invalid", errors))?;
-    let fingerprint = RequestFingerprint::new(&new_endpoint.normalised(), &body);
+    let fingerprint = RequestFingerprint::new(&new_endpoint.normalised(), body);
     let reply = endpoints
         .create(merchant, &key, fingerprint, &new_endpoint)
         .await?;
