@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use moka::policy::EvictionPolicy;
 use moka::sync::Cache;
 use moka::Expiry;
 
@@ -80,6 +81,9 @@ impl<R: Record> ReplayCache<R> {
         let entries = (max_bytes > 0).then(|| {
             Cache::builder()
                 .max_capacity(max_bytes)
+                // Retries follow their first request closely: keep the
+                // newest answers (moka's default, TinyLFU, may refuse them).
+                .eviction_policy(EvictionPolicy::lru())
                 .weigher(|key: &Key, entry: &Arc<Entry<R>>| {
                     let bytes = ENTRY_OVERHEAD
                         + std::mem::size_of::<R>()
@@ -315,5 +319,42 @@ mod tests {
         off.remember(merchant, &key("k"), &charge(Status::Succeeded, Utc::now()));
         assert!(off.get(merchant, &key("k")).is_none());
         assert_eq!(off.entries(), 0);
+    }
+
+    /// A retry comes soon after its first request, so when the cache is
+    /// full the newest answers must be the ones kept: least recently used
+    /// out first. (moka's default policy, TinyLFU, may refuse a new entry
+    /// that is not used more often than the one it would push out, so in a
+    /// full cache fresh answers, each stored once, were often not kept and
+    /// their retries went to the database.)
+    #[test]
+    fn a_full_cache_keeps_the_newest_answers() {
+        let merchant = MerchantId::from_uuid(uuid::Uuid::nil());
+        let cache = ReplayCache::new(64 * 1024, DAY);
+        let older = 2_000;
+        for n in 0..older {
+            cache.remember(
+                merchant,
+                &key(&format!("old-{n}")),
+                &charge(Status::Succeeded, Utc::now()),
+            );
+        }
+        // Each old key replayed once more, as a busy cache sees them.
+        for n in 0..older {
+            let _ = cache.get(merchant, &key(&format!("old-{n}")));
+        }
+        let newest = 20;
+        for n in 0..newest {
+            cache.remember(
+                merchant,
+                &key(&format!("new-{n}")),
+                &charge(Status::Succeeded, Utc::now()),
+            );
+        }
+        cache.entries();
+        let kept = (0..newest)
+            .filter(|n| cache.get(merchant, &key(&format!("new-{n}"))).is_some())
+            .count();
+        assert_eq!(kept, newest, "of the {newest} newest answers");
     }
 }
