@@ -351,6 +351,7 @@ mod tests {
                 &charge(Status::Succeeded, Utc::now()),
             );
         }
+        // Counting runs moka's pending maintenance, evictions included.
         cache.entries();
         let kept = (0..newest)
             .filter(|n| cache.get(merchant, &key(&format!("new-{n}"))).is_some())
