@@ -251,11 +251,15 @@ async fn fill_replay_pool(
         "creating {} charges for the replays",
         plan.pool_size
     ));
-    let pool_keys: Vec<String> = (0..plan.pool_size).map(scenario::pool_key).collect();
-    let filled = scenario::send_all(api, POOL_FILL_CONNECTIONS, &pool_keys).await;
-    or_explain(filled, binary, service, out_dir)
-        .await?
-        .require_success("creating the charges for the replays")?;
+    send_replay_pool(
+        plan,
+        api,
+        binary,
+        service,
+        out_dir,
+        "creating the charges for the replays",
+    )
+    .await?;
     database
         .client
         .batch_execute("ANALYZE")
@@ -263,27 +267,22 @@ async fn fill_replay_pool(
         .context("ANALYZE after creating the replay pool")
 }
 
-/// Sends every key of the replay pool once more, as replays, before the
-/// replay scenarios. The new-charge scenarios before them create far more
-/// charges (about 145,000 in a full run) than the default replay cache holds
-/// (`idempotency.replay_cache_bytes`, 32 MiB: about 30,000), so by then the
-/// pool's answers have been pushed out of it, least recently used first,
-/// and the first replay point would measure the database path instead
-/// (a cache miss: `charges::INSERT_OR_FIND_MANY`, which the own-SQL column
-/// measures). The replay scenarios measure replays the cache can answer;
-/// BENCHMARKS.md says so.
-async fn recall_replay_pool(
+/// Sends one request for every key of the replay pool: the first time it
+/// creates the charges, later ones replay them. `doing` names the step in
+/// an error.
+async fn send_replay_pool(
     plan: &Plan,
     api: &Api,
     binary: &ServiceBinary,
     service: &mut chargeonce_testkit::Spawned,
     out_dir: &Path,
+    doing: &str,
 ) -> Result<()> {
     let pool_keys: Vec<String> = (0..plan.pool_size).map(scenario::pool_key).collect();
     let sent = scenario::send_all(api, POOL_FILL_CONNECTIONS, &pool_keys).await;
     or_explain(sent, binary, service, out_dir)
         .await?
-        .require_success("replaying the pool's keys before the replay scenarios")
+        .require_success(doing)
 }
 
 /// The sustained run, between creating the database and dropping it.
@@ -379,7 +378,23 @@ async fn measure(
     let checkpoint = Checkpointer::new(database);
     for workload in [Workload::New, Workload::Replay, Workload::Mix] {
         if workload == Workload::Replay {
-            recall_replay_pool(plan, &api, binary, &mut service, out_dir).await?;
+            // The new-charge scenarios create far more charges (about
+            // 145,000 in a full run) than the default replay cache holds
+            // (`idempotency.replay_cache_bytes`, 32 MiB: about 30,000), so
+            // the pool's answers are out of it by now and the first replay
+            // point would measure the database path (a cache miss,
+            // `charges::INSERT_OR_FIND_MANY`, which the own-SQL column
+            // measures). Replaying the pool once puts them back: the replay
+            // scenarios measure replays the cache can answer (BENCHMARKS.md).
+            send_replay_pool(
+                plan,
+                &api,
+                binary,
+                &mut service,
+                out_dir,
+                "replaying the pool's keys before the replay scenarios",
+            )
+            .await?;
         }
         for &connections in plan.connections {
             checkpoint.run().await?;
