@@ -331,13 +331,12 @@ mod tests {
     fn a_full_cache_keeps_the_newest_answers() {
         let merchant = MerchantId::from_uuid(uuid::Uuid::nil());
         let cache = ReplayCache::new(64 * 1024, DAY);
+        let remember = |name: &str| {
+            cache.remember(merchant, &key(name), &charge(Status::Succeeded, Utc::now()));
+        };
         let older = 2_000;
         for n in 0..older {
-            cache.remember(
-                merchant,
-                &key(&format!("old-{n}")),
-                &charge(Status::Succeeded, Utc::now()),
-            );
+            remember(&format!("old-{n}"));
         }
         // Each old key replayed once more, as a busy cache sees them.
         for n in 0..older {
@@ -345,11 +344,7 @@ mod tests {
         }
         let newest = 20;
         for n in 0..newest {
-            cache.remember(
-                merchant,
-                &key(&format!("new-{n}")),
-                &charge(Status::Succeeded, Utc::now()),
-            );
+            remember(&format!("new-{n}"));
         }
         // Counting runs moka's pending maintenance, evictions included.
         cache.entries();
