@@ -4,7 +4,8 @@
 //! so a name is written once and the call sites stay one line.
 //!
 //! Recording costs an atomic add on a handle looked up by name and labels;
-//! BENCHMARKS.md has the measured cost on the request path.
+//! the request path's handles are looked up once per thread and kept
+//! (`handles`). BENCHMARKS.md has the measured cost on the request path.
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -67,6 +68,7 @@ pub fn handle() -> PrometheusHandle {
             }
             describe();
             keep_up(handle.clone());
+            INSTALLED.store(true, std::sync::atomic::Ordering::Release);
             handle
         })
         .clone()
@@ -185,21 +187,138 @@ fn describe() {
     );
 }
 
-pub fn http_request(route: &str, method: &str, status: u16, took: Duration) {
-    let status = status.to_string();
-    counter!(HTTP_REQUESTS, "route" => route.to_owned(), "method" => method.to_owned(), "status" => status.clone())
-        .increment(1);
-    histogram!(HTTP_DURATION, "route" => route.to_owned(), "method" => method.to_owned(), "status" => status)
-        .record(took.as_secs_f64());
+/// The request path's counters and histograms, one lookup in the
+/// recorder's registry per label set and thread, then kept: a lookup by
+/// name and labels costs more than the rest of recording (it hashes and
+/// compares the labels, and `http_request` allocated six strings for it),
+/// about 7 % of a cached replay's instructions (BENCHMARKS.md, round 7).
+/// Nothing is kept until the recorder is installed: a handle taken before
+/// would stay the no-op one.
+mod handles {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    use metrics::{Counter, Histogram};
+
+    /// A family's name and up to two static label values.
+    type HandleKey = (&'static str, &'static str, &'static str);
+
+    /// The HTTP families' handles by (status, method), then route: looked
+    /// up with the route as `&str`, so a hit allocates nothing.
+    type HttpHandles = HashMap<(u16, &'static str), HashMap<String, (Counter, Histogram)>>;
+
+    thread_local! {
+        static COUNTERS: RefCell<HashMap<HandleKey, Counter>> = RefCell::new(HashMap::new());
+        static HISTOGRAMS: RefCell<HashMap<HandleKey, Histogram>> = RefCell::new(HashMap::new());
+        static HTTP: RefCell<HttpHandles> = RefCell::new(HashMap::new());
+    }
+
+    pub fn counter(key: HandleKey, register: impl FnOnce() -> Counter) -> Counter {
+        if !super::installed() {
+            return register();
+        }
+        COUNTERS.with(|counters| {
+            counters
+                .borrow_mut()
+                .entry(key)
+                .or_insert_with(register)
+                .clone()
+        })
+    }
+
+    pub fn histogram(key: HandleKey, register: impl FnOnce() -> Histogram) -> Histogram {
+        if !super::installed() {
+            return register();
+        }
+        HISTOGRAMS.with(|histograms| {
+            histograms
+                .borrow_mut()
+                .entry(key)
+                .or_insert_with(register)
+                .clone()
+        })
+    }
+
+    pub fn http(
+        status: u16,
+        method: &'static str,
+        route: &str,
+        register: impl FnOnce() -> (Counter, Histogram),
+    ) -> (Counter, Histogram) {
+        if !super::installed() {
+            return register();
+        }
+        HTTP.with(|http| {
+            let mut http = http.borrow_mut();
+            let routes = http.entry((status, method)).or_default();
+            if let Some(handles) = routes.get(route) {
+                return handles.clone();
+            }
+            let handles = register();
+            routes.insert(route.to_owned(), handles.clone());
+            handles
+        })
+    }
+}
+
+/// Whether `handle()` has installed the recorder.
+fn installed() -> bool {
+    INSTALLED.load(std::sync::atomic::Ordering::Acquire)
+}
+
+static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The method as a label: the standard ones by name, any other `OTHER`. A
+/// client may send any token as a method (actix-web answers it 404 or 405),
+/// and each new label value would be a new series kept for the life of the
+/// process.
+pub fn method_label(method: &actix_web::http::Method) -> &'static str {
+    use actix_web::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "OTHER",
+    }
+}
+
+pub fn http_request(route: &str, method: &'static str, status: u16, took: Duration) {
+    let (requests, duration) = handles::http(status, method, route, || {
+        let status = status.to_string();
+        (
+            counter!(HTTP_REQUESTS, "route" => route.to_owned(), "method" => method, "status" => status.clone()),
+            histogram!(HTTP_DURATION, "route" => route.to_owned(), "method" => method, "status" => status),
+        )
+    });
+    requests.increment(1);
+    duration.record(took.as_secs_f64());
 }
 
 pub fn idempotency(kind: &'static str, outcome: &'static str) {
-    counter!(IDEMPOTENCY, "kind" => kind, "outcome" => outcome).increment(1);
+    handles::counter(
+        (IDEMPOTENCY, kind, outcome),
+        || counter!(IDEMPOTENCY, "kind" => kind, "outcome" => outcome),
+    )
+    .increment(1);
 }
 
 pub fn processor_call(operation: &'static str, outcome: &'static str, took: Duration) {
-    counter!(PROCESSOR_CALLS, "operation" => operation, "outcome" => outcome).increment(1);
-    histogram!(PROCESSOR_DURATION, "operation" => operation).record(took.as_secs_f64());
+    handles::counter(
+        (PROCESSOR_CALLS, operation, outcome),
+        || counter!(PROCESSOR_CALLS, "operation" => operation, "outcome" => outcome),
+    )
+    .increment(1);
+    handles::histogram(
+        (PROCESSOR_DURATION, operation, ""),
+        || histogram!(PROCESSOR_DURATION, "operation" => operation),
+    )
+    .record(took.as_secs_f64());
 }
 
 pub fn lease_takeover(kind: &'static str) {
@@ -215,11 +334,19 @@ pub fn keys_released(released: u64) {
 }
 
 pub fn api_key_cache(result: &'static str) {
-    counter!(API_KEY_CACHE, "result" => result).increment(1);
+    handles::counter(
+        (API_KEY_CACHE, result, ""),
+        || counter!(API_KEY_CACHE, "result" => result),
+    )
+    .increment(1);
 }
 
 pub fn replay_cache(kind: &'static str, result: &'static str) {
-    counter!(REPLAY_CACHE, "kind" => kind, "result" => result).increment(1);
+    handles::counter(
+        (REPLAY_CACHE, kind, result),
+        || counter!(REPLAY_CACHE, "kind" => kind, "result" => result),
+    )
+    .increment(1);
 }
 
 pub fn batch_rows(statement: &'static str, rows: usize) {

@@ -82,8 +82,11 @@ where
         .filter(|value| acceptable_request_id(value))
         .cloned()
         .unwrap_or_else(|| {
-            HeaderValue::from_str(&uuid::Uuid::new_v4().simple().to_string())
-                .unwrap_or(HeaderValue::from_static("unknown"))
+            // Hex digits written straight into a buffer: formatting the
+            // uuid through `Display` cost 2.5 % of a cached replay.
+            let mut hex = [0u8; uuid::fmt::Simple::LENGTH];
+            let id = uuid::Uuid::new_v4().simple().encode_lower(&mut hex);
+            HeaderValue::from_str(id).unwrap_or(HeaderValue::from_static("unknown"))
         });
     let method = request.method().clone();
     // The template, not the path: bounded label values, no ids in them.
@@ -120,7 +123,8 @@ where
         span.in_scope(|| {
             tracing::info!(status, elapsed_ms = took.as_secs_f64() * 1000.0, "request")
         });
-        crate::metrics::http_request(&route, method.as_str(), status, took);
+        let method = crate::metrics::method_label(&method);
+        crate::metrics::http_request(&route, method, status, took);
         response.headers_mut().insert(REQUEST_ID, request_id);
         Ok(response)
     }

@@ -430,6 +430,44 @@ async fn webhook_metrics_follow_the_backlog_and_every_attempt() {
 }
 
 /// `metrics.port`: a listener of its own, and none on the API's port.
+/// A client may send any token as the method. Each one a label value of
+/// its own would be a new series (a histogram of 14 buckets among them)
+/// kept for the life of the process: memory that any client could grow
+/// without bound. Methods outside the standard ones count as `OTHER`.
+#[tokio::test]
+async fn made_up_methods_do_not_make_new_series() {
+    let app = spawn_app_with(|_| {}).await;
+    let before = scrape(&app).await;
+    let other = [
+        ("route", "/v1/charges"),
+        ("method", "OTHER"),
+        ("status", "405"),
+    ];
+    let made_up: Vec<String> = (0..3)
+        .map(|n| format!("MADEUP{}X{n}", uuid::Uuid::new_v4().simple()))
+        .collect();
+    for method in &made_up {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let reply = app
+            .http
+            .request(method, format!("{}/v1/charges", app.address))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(reply.status(), 405);
+    }
+    let after = scrape(&app).await;
+    for method in &made_up {
+        assert!(!after.contains(method.as_str()), "a series for {method}");
+    }
+    // Other tests in this process share the recorder: at least ours.
+    assert!(
+        sample(&after, "chargeonce_http_requests_total", &other)
+            - sample(&before, "chargeonce_http_requests_total", &other)
+            >= 3.0
+    );
+}
+
 #[tokio::test]
 async fn metrics_can_have_a_port_of_their_own_or_none() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
