@@ -82,8 +82,8 @@ where
         .filter(|value| acceptable_request_id(value))
         .cloned()
         .unwrap_or_else(|| {
-            // Hex digits written straight into a buffer: formatting the
-            // uuid through `Display` cost 2.5 % of a cached replay.
+            // Hex digits written straight into a buffer, not through
+            // `Display` and a String.
             let mut hex = [0u8; uuid::fmt::Simple::LENGTH];
             let id = uuid::Uuid::new_v4().simple().encode_lower(&mut hex);
             HeaderValue::from_str(id).unwrap_or(HeaderValue::from_static("unknown"))
