@@ -627,7 +627,7 @@ pub async fn record_outcomes(
         messages.push(message);
         payment_ids.push(payment_id);
         event_ids.push(Uuid::now_v7());
-        events.push(Json(charge.with_outcome(outcome).as_created()));
+        events.push(Json(charge.with_outcome(outcome).into_created()));
     }
     let rows = conn
         .query_planned_each_time(
@@ -672,7 +672,7 @@ async fn record_outcome(
                 &message,
                 &payment_id,
                 &Uuid::now_v7(),
-                &Json(charge.with_outcome(outcome).as_created()),
+                &Json(charge.with_outcome(outcome).into_created()),
                 charge.merchant_id.as_uuid(),
             ],
         )

@@ -147,11 +147,11 @@ impl Charge {
     /// which can only follow. A replay of `POST /v1/charges` is rendered from
     /// this, so it stays byte for byte the first answer while refunds change
     /// the charge; `GET` shows the charge as it is.
-    pub fn as_created(&self) -> Charge {
+    pub fn into_created(self) -> Charge {
         Charge {
             refunds_reserved: 0,
             amount_refunded: 0,
-            ..self.clone()
+            ..self
         }
     }
 
@@ -169,7 +169,7 @@ impl Charge {
 }
 
 /// The public form, the same for answers, reads and events. Besides the
-/// refund totals (see `as_created`), only fields that are fixed once the
+/// refund totals (see `into_created`), only fields that are fixed once the
 /// charge is final are shown.
 impl Serialize for Charge {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -434,7 +434,7 @@ mod tests {
     #[test]
     fn the_created_form_has_no_refunds_and_nothing_else_changed() {
         let charge = stored(1000, 300);
-        let created = charge.as_created();
+        let created = charge.clone().into_created();
         assert_eq!((created.refunds_reserved, created.amount_refunded), (0, 0));
         assert_eq!(
             Charge {

@@ -65,20 +65,20 @@ pub(crate) async fn create_for(
     let reply = charges
         .create(merchant, &key, fingerprint, &new_charge)
         .await?;
-    charge_response(&reply)
+    charge_response(reply)
 }
 
 /// The answer for a charge, from its stored row alone, so a replay renders
 /// the same status and the same bytes as the first answer: the charge as
-/// created, whatever refunds did to it since (`Charge::as_created`).
-fn charge_response(reply: &ChargeReply) -> Result<HttpResponse, ApiError> {
-    let charge = &reply.record.as_created();
+/// created, whatever refunds did to it since (`Charge::into_created`).
+fn charge_response(reply: ChargeReply) -> Result<HttpResponse, ApiError> {
+    let charge = &reply.record.into_created();
     render::created(
         charge.status,
         charge,
         render::Declined {
             object: "charge",
-            id: charge.id.to_string(),
+            id: &charge.id,
             record: charge,
             code: charge.failure_code.as_deref(),
             message: charge.failure_message.as_deref(),

@@ -69,7 +69,7 @@ fn refund_response(reply: &RefundReply) -> Result<HttpResponse, ApiError> {
         refund,
         render::Declined {
             object: "refund",
-            id: refund.id.to_string(),
+            id: &refund.id,
             record: refund,
             code: refund.failure_code.as_deref(),
             message: refund.failure_message.as_deref(),

@@ -24,10 +24,11 @@ pub fn json<T: Serialize>(value: &T) -> Result<HttpResponse, ApiError> {
 }
 
 /// A final failure, as the 402 problem of a creation: its code, its message,
-/// and the record under `<object>` with its id under `<object>_id`.
+/// and the record under `<object>` with its id under `<object>_id`. Only
+/// rendered for a failed record, so nothing here is formatted in advance.
 pub struct Declined<'a, T: Serialize> {
     pub object: &'static str,
-    pub id: String,
+    pub id: &'a dyn std::fmt::Display,
     pub record: &'a T,
     pub code: Option<&'a str>,
     pub message: Option<&'a str>,
@@ -50,7 +51,7 @@ pub fn created<T: Serialize>(
             let mut extra = serde_json::Map::new();
             extra.insert(
                 format!("{}_id", declined.object),
-                declined.id.clone().into(),
+                declined.id.to_string().into(),
             );
             extra.insert(
                 declined.object.to_owned(),

@@ -1,7 +1,7 @@
 //! Final answers kept in memory, so a replay needs no database round trip.
 //!
 //! Why this is safe: a charge or refund that reached a final status never
-//! changes what its creation answers (`Charge::as_created`: later refunds
+//! changes what its creation answers (`Charge::into_created`: later refunds
 //! do not show in a replay), and its key stays bound to it until the sweeper
 //! releases the key after `idempotency.retention_hours`. So an entry keyed by
 //! (merchant, key) can answer any later request with that key, on any
