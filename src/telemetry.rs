@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::time::FormatTime;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::EnvFilter;
 
@@ -79,6 +81,7 @@ pub fn init(format: LogFormat) -> Option<LogGuard> {
         .with_env_filter(filter)
         // Colours only for a person at a terminal, not in files and pipes.
         .with_ansi(std::io::stderr().is_terminal())
+        .with_timer(Clock)
         .with_writer(BufferedStderr(buffer.clone()));
     let installed = match format {
         LogFormat::Text => builder.try_init(),
@@ -97,6 +100,58 @@ pub fn init(format: LogFormat) -> Option<LogGuard> {
         .spawn(move || flusher.run())
         .ok();
     Some(LogGuard { buffer, thread })
+}
+
+/// Each line's timestamp as tracing-subscriber's default timer writes it
+/// (RFC 3339, UTC, microseconds: `2026-12-03T00:03:23.610168Z`), with the
+/// part up to the second formatted once a second per thread rather than
+/// for every line: that formatting was 2.4k of a cached replay's 105k
+/// instructions (BENCHMARKS.md, round 7).
+struct Clock;
+
+thread_local! {
+    /// The second last formatted, and its text up to the seconds.
+    static SECOND: std::cell::RefCell<(u64, String)> = const { std::cell::RefCell::new((u64::MAX, String::new())) };
+}
+
+impl FormatTime for Clock {
+    fn format_time(&self, w: &mut Writer<'_>) -> std::fmt::Result {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        SECOND.with(|second| write_time(now, &mut second.borrow_mut(), w))
+    }
+}
+
+/// Writes `since_epoch` as the timestamp, reusing `second`'s text if it is
+/// of the same second.
+fn write_time(
+    since_epoch: Duration,
+    second: &mut (u64, String),
+    out: &mut impl std::fmt::Write,
+) -> std::fmt::Result {
+    let seconds = since_epoch.as_secs();
+    if second.0 != seconds {
+        let time = i64::try_from(seconds)
+            .ok()
+            .and_then(|seconds| chrono::DateTime::from_timestamp(seconds, 0))
+            .unwrap_or_default();
+        second.1.clear();
+        std::fmt::Write::write_fmt(
+            &mut second.1,
+            format_args!("{}", time.format("%Y-%m-%dT%H:%M:%S")),
+        )?;
+        second.0 = seconds;
+    }
+    let mut fraction = *b".000000Z";
+    let mut micros = since_epoch.subsec_micros();
+    for digit in fraction[1..7].iter_mut().rev() {
+        *digit = b'0' + (micros % 10) as u8;
+        micros /= 10;
+    }
+    out.write_str(&second.1)?;
+    // ASCII digits, a dot and a letter.
+    out.write_str(std::str::from_utf8(&fraction).unwrap_or(".000000Z"))
 }
 
 #[derive(Default)]
@@ -193,6 +248,27 @@ impl Drop for LogGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339_in_utc_with_microseconds() {
+        let mut second = (u64::MAX, String::new());
+        for (seconds, micros) in [
+            (0, 0),
+            (1_796_256_203, 610_168),
+            (1_796_256_203, 999_999),
+            (1_796_256_204, 7),
+            (1_709_164_800, 123_456), // 2024-02-29
+            (253_402_300_799, 1),     // 9999-12-31T23:59:59
+        ] {
+            let since_epoch = Duration::new(seconds, micros * 1000);
+            let mut written = String::new();
+            write_time(since_epoch, &mut second, &mut written).unwrap();
+            let expected = chrono::DateTime::from_timestamp(seconds as i64, micros * 1000)
+                .unwrap()
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+            assert_eq!(written, expected);
+        }
+    }
 
     #[test]
     fn lines_are_kept_in_order_until_flushed() {
