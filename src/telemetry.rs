@@ -119,7 +119,15 @@ impl FormatTime for Clock {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
-        SECOND.with(|second| write_time(now, &mut second.borrow_mut(), w))
+        let cached = SECOND.try_with(|second| {
+            let mut second = second.try_borrow_mut().ok()?;
+            Some(write_time(now, &mut second, w))
+        });
+        match cached {
+            Ok(Some(written)) => written,
+            // A line written while the thread's storage is torn down.
+            _ => write_time(now, &mut (u64::MAX, String::new()), w),
+        }
     }
 }
 
