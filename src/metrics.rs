@@ -44,10 +44,12 @@ const BUCKETS: &[f64] = &[
 /// Rows-per-batch buckets.
 const ROWS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0];
 
+/// The process-wide recorder's handle, set when `handle()` installs it.
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
 /// The process-wide recorder, installed on first use (tests start several
 /// applications in one process; they share it).
 pub fn handle() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
@@ -68,7 +70,6 @@ pub fn handle() -> PrometheusHandle {
             }
             describe();
             keep_up(handle.clone());
-            INSTALLED.store(true, std::sync::atomic::Ordering::Release);
             handle
         })
         .clone()
@@ -197,6 +198,7 @@ fn describe() {
 mod handles {
     use std::cell::RefCell;
     use std::collections::HashMap;
+    use std::thread::LocalKey;
 
     use metrics::{Counter, Histogram};
 
@@ -214,24 +216,24 @@ mod handles {
     }
 
     pub fn counter(key: HandleKey, register: impl FnOnce() -> Counter) -> Counter {
-        if !super::installed() {
-            return register();
-        }
-        COUNTERS.with(|counters| {
-            counters
-                .borrow_mut()
-                .entry(key)
-                .or_insert_with(register)
-                .clone()
-        })
+        kept(&COUNTERS, key, register)
     }
 
     pub fn histogram(key: HandleKey, register: impl FnOnce() -> Histogram) -> Histogram {
+        kept(&HISTOGRAMS, key, register)
+    }
+
+    /// The handle `map` keeps for `key`, registered on first use.
+    fn kept<H: Clone>(
+        map: &'static LocalKey<RefCell<HashMap<HandleKey, H>>>,
+        key: HandleKey,
+        register: impl FnOnce() -> H,
+    ) -> H {
         if !super::installed() {
             return register();
         }
-        HISTOGRAMS.with(|histograms| {
-            histograms
+        map.with(|handles| {
+            handles
                 .borrow_mut()
                 .entry(key)
                 .or_insert_with(register)
@@ -263,10 +265,8 @@ mod handles {
 
 /// Whether `handle()` has installed the recorder.
 fn installed() -> bool {
-    INSTALLED.load(std::sync::atomic::Ordering::Acquire)
+    HANDLE.get().is_some()
 }
-
-static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// The method as a label: the standard ones by name, any other `OTHER`. A
 /// client may send any token as a method (actix-web answers it 404 or 405),
