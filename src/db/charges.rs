@@ -10,7 +10,7 @@ use tokio_postgres::types::{Json, Type};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use super::codec::column;
+use super::codec::Columns;
 use super::{Conn, DbError, Statement};
 use crate::domain::{
     Charge, ChargeId, Fingerprint, IdempotencyKey, MerchantId, NewCharge, Outcome,
@@ -366,7 +366,9 @@ pub async fn insert_or_find(
             )
             .await?;
         if let Some(row) = row {
-            return Ok(Some((decode(&row)?, column(&row, "created")?)));
+            let mut columns = Columns::new(&row);
+            let charge = decode_from(&mut columns)?;
+            return Ok(Some((charge, columns.next("created")?)));
         }
         if let Some(charge) = find_by_key(conn, merchant, key).await? {
             return Ok(Some((charge, false)));
@@ -451,9 +453,13 @@ pub async fn insert_or_find_many(
         .await?;
     let mut found: BTreeMap<(MerchantId, String), (Charge, bool)> = BTreeMap::new();
     for row in &rows {
-        let charge = decode(row)?;
-        let key: String = column(row, "client_idempotency_key")?;
-        found.insert((charge.merchant_id, key), (charge, column(row, "created")?));
+        let mut columns = Columns::new(row);
+        let charge = decode_from(&mut columns)?;
+        let key: String = columns.next("client_idempotency_key")?;
+        found.insert(
+            (charge.merchant_id, key),
+            (charge, columns.next("created")?),
+        );
     }
     let mut answers: Vec<Option<(Charge, bool)>> = Vec::with_capacity(items.len());
     for (index, item) in items.iter().enumerate() {
@@ -535,8 +541,11 @@ pub async fn take_over_or_read(
             &[id.as_uuid(), &lease_ms(lease), merchant.as_uuid()],
         )
         .await?;
-    row.map(|row| Ok((decode(&row)?, column(&row, "taken")?)))
-        .transpose()
+    row.map(|row| {
+        let mut columns = Columns::new(&row);
+        Ok((decode_from(&mut columns)?, columns.next("taken")?))
+    })
+    .transpose()
 }
 
 /// Claims up to `batch` pending charges whose lease ran out, taking a fresh
@@ -705,25 +714,38 @@ pub(super) fn uuid_v7_floor(at: DateTime<Utc>) -> Uuid {
 /// A charge from a row of `charge_columns!()`, read by name. Every column
 /// decodes exactly (see `codec`) or the whole row is an error.
 fn decode(row: &Row) -> Result<Charge, DbError> {
-    let Json(metadata): Json<BTreeMap<String, String>> = column(row, "metadata")?;
+    decode_from(&mut Columns::new(row))
+}
+
+/// A charge from `charge_columns!()`, read in that order; the columns a
+/// statement selects after them can be read from `columns` next.
+fn decode_from(columns: &mut Columns<'_>) -> Result<Charge, DbError> {
+    let id = ChargeId::from_uuid(columns.next("id")?);
+    let merchant_id = MerchantId::from_uuid(columns.next("merchant_id")?);
+    let fingerprint = columns.next("request_fingerprint")?;
+    let amount = columns.next("amount")?;
+    let currency = columns.next("currency")?;
+    let customer = columns.next("customer")?;
+    let description = columns.next("description")?;
+    let Json(metadata): Json<BTreeMap<String, String>> = columns.next("metadata")?;
     Ok(Charge {
-        id: ChargeId::from_uuid(column(row, "id")?),
-        merchant_id: MerchantId::from_uuid(column(row, "merchant_id")?),
-        fingerprint: column(row, "request_fingerprint")?,
-        status: column(row, "status")?,
-        amount: column(row, "amount")?,
-        currency: column(row, "currency")?,
-        customer: column(row, "customer")?,
-        description: column(row, "description")?,
+        id,
+        merchant_id,
+        fingerprint,
+        amount,
+        currency,
+        customer,
+        description,
         metadata,
-        failure_code: column(row, "failure_code")?,
-        failure_message: column(row, "failure_message")?,
-        locked_until: column(row, "locked_until")?,
-        processor_attempts: column(row, "processor_attempts")?,
-        refunds_reserved: column(row, "refunds_reserved")?,
-        amount_refunded: column(row, "amount_refunded")?,
-        processor_payment_id: column(row, "processor_payment_id")?,
-        created_at: column(row, "created_at")?,
+        status: columns.next("status")?,
+        failure_code: columns.next("failure_code")?,
+        failure_message: columns.next("failure_message")?,
+        locked_until: columns.next("locked_until")?,
+        processor_attempts: columns.next("processor_attempts")?,
+        refunds_reserved: columns.next("refunds_reserved")?,
+        amount_refunded: columns.next("amount_refunded")?,
+        processor_payment_id: columns.next("processor_payment_id")?,
+        created_at: columns.next("created_at")?,
     })
 }
 

@@ -17,6 +17,44 @@ pub fn column<'a, T: FromSql<'a>>(row: &'a Row, name: &str) -> Result<T, DbError
         .map_err(|e| DbError::Decode(format!("column {name}: {e:#}")))
 }
 
+/// A row's columns read in the order its statement selects them, each still
+/// named. Looking a column up by name compares it with every name before it
+/// (a charge has 17 columns: about 150 comparisons per row, a quarter of
+/// decoding one); here the column expected next is checked by its one name
+/// and read by position. A column that is not where expected is looked up
+/// by name, so a statement that selects in another order decodes the same,
+/// only slower.
+pub struct Columns<'a> {
+    row: &'a Row,
+    next: usize,
+}
+
+impl<'a> Columns<'a> {
+    pub fn new(row: &'a Row) -> Self {
+        Self { row, next: 0 }
+    }
+
+    /// The column `name`, decoded exactly (as `column`); the one after it is
+    /// expected next.
+    pub fn next<T: FromSql<'a>>(&mut self, name: &str) -> Result<T, DbError> {
+        let expected = self.next;
+        match self.row.columns().get(expected) {
+            Some(found) if found.name() == name => {
+                self.next += 1;
+                self.row
+                    .try_get(expected)
+                    .map_err(|e| DbError::Decode(format!("column {name}: {e:#}")))
+            }
+            _ => {
+                if let Some(position) = self.row.columns().iter().position(|c| c.name() == name) {
+                    self.next = position + 1;
+                }
+                column(self.row, name)
+            }
+        }
+    }
+}
+
 type BoxError = Box<dyn Error + Sync + Send>;
 
 impl<'a> FromSql<'a> for Status {
@@ -68,6 +106,39 @@ mod tests {
         assert_eq!(
             Fingerprint::from_sql(&Type::BYTEA, &[7; 32]).ok(),
             Fingerprint::from_bytes(&[7; 32])
+        );
+    }
+
+    /// Columns are read by position when they come in the expected order,
+    /// by name when they do not, and are never mixed up.
+    #[tokio::test]
+    async fn columns_decode_in_any_order() {
+        let client = chargeonce_testkit::db::connect(&chargeonce_testkit::db::admin_url()).await;
+        let row = client
+            .query_one("SELECT 1::int8 AS a, 'two'::text AS b, 3::int8 AS c", &[])
+            .await
+            .expect("a row");
+
+        let mut in_order = Columns::new(&row);
+        assert_eq!(in_order.next::<i64>("a").ok(), Some(1));
+        assert_eq!(in_order.next::<String>("b").ok(), Some("two".to_owned()));
+        assert_eq!(in_order.next::<i64>("c").ok(), Some(3));
+
+        let mut out_of_order = Columns::new(&row);
+        assert_eq!(out_of_order.next::<i64>("c").ok(), Some(3));
+        assert_eq!(out_of_order.next::<i64>("a").ok(), Some(1));
+        // After `a` comes `b`, where it is expected again.
+        assert_eq!(
+            out_of_order.next::<String>("b").ok(),
+            Some("two".to_owned())
+        );
+
+        let mut wrong = Columns::new(&row);
+        assert!(
+            matches!(wrong.next::<i64>("missing"), Err(DbError::Decode(m)) if m.contains("missing"))
+        );
+        assert!(
+            matches!(wrong.next::<String>("a"), Err(DbError::Decode(m)) if m.contains("column a"))
         );
     }
 

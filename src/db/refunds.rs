@@ -14,7 +14,7 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 use super::charges::lease_ms;
-use super::codec::column;
+use super::codec::{column, Columns};
 use super::{Conn, DbError, Decision, Statement};
 use crate::domain::{
     ChargeId, Fingerprint, IdempotencyKey, MerchantId, NewRefund, Outcome, Refund, RefundId,
@@ -406,8 +406,11 @@ pub async fn take_over_or_read(
             &[id.as_uuid(), &lease_ms(lease), merchant.as_uuid()],
         )
         .await?;
-    row.map(|row| Ok((decode(&row)?, column(&row, "taken")?)))
-        .transpose()
+    row.map(|row| {
+        let mut columns = Columns::new(&row);
+        Ok((decode_from(&mut columns)?, columns.next("taken")?))
+    })
+    .transpose()
 }
 
 pub async fn claim_abandoned(
@@ -492,22 +495,35 @@ pub async fn release_expired_keys(
 }
 
 fn decode(row: &Row) -> Result<Refund, DbError> {
-    let Json(metadata): Json<BTreeMap<String, String>> = column(row, "metadata")?;
+    decode_from(&mut Columns::new(row))
+}
+
+/// A refund from `refund_columns!()`, read in that order; the columns a
+/// statement selects after them can be read from `columns` next.
+fn decode_from(columns: &mut Columns<'_>) -> Result<Refund, DbError> {
+    let id = RefundId::from_uuid(columns.next("id")?);
+    let merchant_id = MerchantId::from_uuid(columns.next("merchant_id")?);
+    let charge_id = ChargeId::from_uuid(columns.next("charge_id")?);
+    let fingerprint = columns.next("request_fingerprint")?;
+    let amount = columns.next("amount")?;
+    let currency = columns.next("currency")?;
+    let reason = columns.next("reason")?;
+    let Json(metadata): Json<BTreeMap<String, String>> = columns.next("metadata")?;
     Ok(Refund {
-        id: RefundId::from_uuid(column(row, "id")?),
-        merchant_id: MerchantId::from_uuid(column(row, "merchant_id")?),
-        charge_id: ChargeId::from_uuid(column(row, "charge_id")?),
-        fingerprint: column(row, "request_fingerprint")?,
-        amount: column(row, "amount")?,
-        currency: column(row, "currency")?,
-        reason: column(row, "reason")?,
+        id,
+        merchant_id,
+        charge_id,
+        fingerprint,
+        amount,
+        currency,
+        reason,
         metadata,
-        status: column(row, "status")?,
-        failure_code: column(row, "failure_code")?,
-        failure_message: column(row, "failure_message")?,
-        locked_until: column(row, "locked_until")?,
-        processor_attempts: column(row, "processor_attempts")?,
-        processor_payment_id: column(row, "processor_payment_id")?,
-        created_at: column(row, "created_at")?,
+        status: columns.next("status")?,
+        failure_code: columns.next("failure_code")?,
+        failure_message: columns.next("failure_message")?,
+        locked_until: columns.next("locked_until")?,
+        processor_attempts: columns.next("processor_attempts")?,
+        processor_payment_id: columns.next("processor_payment_id")?,
+        created_at: columns.next("created_at")?,
     })
 }
