@@ -197,10 +197,12 @@ fn describe() {
 /// would stay the no-op one.
 mod handles {
     use std::cell::RefCell;
-    use std::collections::HashMap;
     use std::thread::LocalKey;
 
     use metrics::{Counter, Histogram};
+    // Not SipHash: the keys are our own names and labels, no client chooses
+    // them, so a hash that resists flooding buys nothing here.
+    use rustc_hash::FxHashMap as HashMap;
 
     /// A family's name and up to two static label values.
     type HandleKey = (&'static str, &'static str, &'static str);
@@ -210,9 +212,9 @@ mod handles {
     type HttpHandles = HashMap<(u16, &'static str), HashMap<String, (Counter, Histogram)>>;
 
     thread_local! {
-        static COUNTERS: RefCell<HashMap<HandleKey, Counter>> = RefCell::new(HashMap::new());
-        static HISTOGRAMS: RefCell<HashMap<HandleKey, Histogram>> = RefCell::new(HashMap::new());
-        static HTTP: RefCell<HttpHandles> = RefCell::new(HashMap::new());
+        static COUNTERS: RefCell<HashMap<HandleKey, Counter>> = RefCell::new(HashMap::default());
+        static HISTOGRAMS: RefCell<HashMap<HandleKey, Histogram>> = RefCell::new(HashMap::default());
+        static HTTP: RefCell<HttpHandles> = RefCell::new(HashMap::default());
     }
 
     pub fn counter(key: HandleKey, register: impl FnOnce() -> Counter) -> Counter {
