@@ -411,7 +411,7 @@ async fn measure(
                 .await?;
             say(format!(
                 "{} x {connections}: {:.0} req/s, p99 {:.2} ms, over 100 ms {}, non-2xx {}; \
-                 own SQL {:.0} TPS, floor {:.0} TPS",
+                 own SQL {:.0} TPS, floor {:.0} TPS (over 100 ms {})",
                 workload.name(),
                 sample.rps(),
                 sample.tally.percentile_ms(0.99),
@@ -419,6 +419,7 @@ async fn measure(
                 sample.tally.non_2xx_text(),
                 own.tps,
                 floor.tps,
+                floor.slow,
             ));
             rows.push(Row {
                 scenario: workload.name().to_owned(),

@@ -101,6 +101,10 @@ pub struct PgbenchRun {
     /// pgbench's mean latency per script run.
     pub mean_ms: f64,
     pub p99_ms: f64,
+    pub max_ms: f64,
+    /// Transactions slower than `stats::SLOW`: a stall of the machine (its
+    /// disk, its hypervisor) shows here as it shows in the service's count.
+    pub slow: u64,
     /// Share of all cores busy during the run (pgbench itself included).
     pub cpu_busy: f64,
 }
@@ -249,37 +253,16 @@ impl Pgbench {
         let start = CpuClock::read(service_pid)?;
         let stdout = self.pgbench(args).await?;
         let cpu = CpuShare::between(&start, &CpuClock::read(service_pid)?);
-        let latencies = self.logged_latencies()?;
+        let latencies = logged_latencies(&self.log_dir)?;
         let (tps, mean_ms) = summary(&stdout)?;
         Ok(PgbenchRun {
             tps,
             mean_ms,
             p99_ms: latencies.percentile_ms(0.99),
+            max_ms: latencies.max_ms(),
+            slow: latencies.slow(),
             cpu_busy: cpu.busy,
         })
-    }
-
-    /// The latencies in pgbench's per-transaction logs.
-    fn logged_latencies(&self) -> Result<Latencies> {
-        let mut latencies = Latencies::new()?;
-        let entries = fs::read_dir(&self.log_dir)
-            .with_context(|| format!("reading {}", self.log_dir.display()))?;
-        for entry in entries {
-            let path = entry.context("reading pgbench's logs")?.path();
-            let text =
-                fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-            for line in text.lines() {
-                let micros = logged_latency_us(line)
-                    .with_context(|| format!("unexpected line in {}: {line}", path.display()))?;
-                latencies.record_us(micros);
-            }
-        }
-        ensure!(
-            latencies.count() > 0,
-            "pgbench logged no transactions in {}",
-            self.log_dir.display()
-        );
-        Ok(latencies)
     }
 
     /// Runs each script a few times and checks its effect: a new charge
@@ -369,6 +352,29 @@ fn summary(stdout: &str) -> Result<(f64, f64)> {
     }
 }
 
+/// The latencies in pgbench's per-transaction logs in `log_dir`.
+fn logged_latencies(log_dir: &Path) -> Result<Latencies> {
+    let mut latencies = Latencies::new()?;
+    let entries =
+        fs::read_dir(log_dir).with_context(|| format!("reading {}", log_dir.display()))?;
+    for entry in entries {
+        let path = entry.context("reading pgbench's logs")?.path();
+        let text =
+            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        for line in text.lines() {
+            let micros = logged_latency_us(line)
+                .with_context(|| format!("unexpected line in {}: {line}", path.display()))?;
+            latencies.record_us(micros);
+        }
+    }
+    ensure!(
+        latencies.count() > 0,
+        "pgbench logged no transactions in {}",
+        log_dir.display()
+    );
+    Ok(latencies)
+}
+
 /// The latency of a per-transaction log line, `client transaction
 /// latency_us script epoch_s epoch_us`.
 fn logged_latency_us(line: &str) -> Option<u64> {
@@ -403,6 +409,26 @@ mod tests {
             Some(1834)
         );
         assert_eq!(logged_latency_us("garbage"), None);
+    }
+
+    /// Every thread's log counts, and a stall shows in the maximum and the
+    /// count over 100 ms.
+    #[test]
+    fn the_logs_of_all_threads_are_read_with_their_stalls() {
+        let dir = std::env::temp_dir().join(format!("loadbench-logs-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("floor-0.1"), "0 0 1000 0 1 1\n1 0 198188 0 1 2\n").unwrap();
+        fs::write(
+            dir.join("floor-0.1.1"),
+            "2 0 2000 0 1 3\n3 0 100000 0 1 4\n",
+        )
+        .unwrap();
+        let latencies = logged_latencies(&dir).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(latencies.count(), 4);
+        // 100 ms itself is not over; 198 ms is.
+        assert_eq!(latencies.slow(), 1);
+        assert!((latencies.max_ms() - 198.188).abs() < 0.2);
     }
 
     #[test]

@@ -127,9 +127,17 @@ impl Report {
             .iter()
             .filter(|row| row.connections == TARGET_CONNECTIONS)
             .collect();
+        // The floor's own count at the same scenario tells a stall of the
+        // machine (every client of the floor waits too) from one of ours.
         let slow: Vec<String> = at_32
             .iter()
-            .map(|row| format!("{} {}", row.scenario, row.sample.tally.slow()))
+            .map(|row| {
+                let floor = row
+                    .floor
+                    .as_ref()
+                    .map_or(String::new(), |run| format!(" (floor: {})", run.slow));
+                format!("{} {}{floor}", row.scenario, row.sample.tally.slow())
+            })
             .collect();
         targets.push(Target {
             name: format!(
@@ -246,22 +254,26 @@ impl Report {
     fn pgbench_table(&self, md: &mut String) {
         md.push_str(
             "\npgbench latencies per script run (a charge or a replay), from its summary \
-             (mean) and its per-transaction log (p99):\n\n\
+             (mean) and its per-transaction log (the rest). The floor's slowest \
+             transactions show the machine's own stalls:\n\n\
              | scenario | connections | own SQL mean ms | own SQL p99 ms | floor mean ms \
-             | floor p99 ms |\n|---|---:|---:|---:|---:|---:|\n",
+             | floor p99 ms | floor max ms | floor over 100 ms |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for row in self.rows.iter().filter(|row| row.own.is_some()) {
             let own = row.own.as_ref();
             let floor = row.floor.as_ref();
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 row.scenario,
                 row.connections,
                 number(own.map(|run| run.mean_ms), 2),
                 number(own.map(|run| run.p99_ms), 2),
                 number(floor.map(|run| run.mean_ms), 2),
                 number(floor.map(|run| run.p99_ms), 2),
+                number(floor.map(|run| run.max_ms), 2),
+                floor.map_or("—".to_owned(), |run| run.slow.to_string()),
             );
         }
     }
