@@ -711,8 +711,9 @@ pub(super) fn uuid_v7_floor(at: DateTime<Utc>) -> Uuid {
     Uuid::from_bytes(bytes)
 }
 
-/// A charge from a row of `charge_columns!()`, read by name. Every column
-/// decodes exactly (see `codec`) or the whole row is an error.
+/// A charge from a row of `charge_columns!()`, each column checked by its
+/// name. Every column decodes exactly (see `codec`) or the whole row is an
+/// error.
 fn decode(row: &Row) -> Result<Charge, DbError> {
     decode_from(&mut Columns::new(row))
 }

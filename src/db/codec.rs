@@ -19,7 +19,7 @@ pub fn column<'a, T: FromSql<'a>>(row: &'a Row, name: &str) -> Result<T, DbError
 
 /// A row's columns read in the order its statement selects them, each still
 /// named. Looking a column up by name compares it with every name before it
-/// (a charge has 17 columns: about 150 comparisons per row, a quarter of
+/// (a charge has 17 columns: about 150 comparisons per row, a fifth of
 /// decoding one); here the column expected next is checked by its one name
 /// and read by position. A column that is not where expected is looked up
 /// by name, so a statement that selects in another order decodes the same,
