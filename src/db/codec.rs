@@ -37,21 +37,18 @@ impl<'a> Columns<'a> {
     /// The column `name`, decoded exactly (as `column`); the one after it is
     /// expected next.
     pub fn next<T: FromSql<'a>>(&mut self, name: &str) -> Result<T, DbError> {
-        let expected = self.next;
-        match self.row.columns().get(expected) {
-            Some(found) if found.name() == name => {
-                self.next += 1;
-                self.row
-                    .try_get(expected)
-                    .map_err(|e| DbError::Decode(format!("column {name}: {e:#}")))
-            }
-            _ => {
-                if let Some(position) = self.row.columns().iter().position(|c| c.name() == name) {
-                    self.next = position + 1;
-                }
-                column(self.row, name)
-            }
-        }
+        let columns = self.row.columns();
+        let position = match columns.get(self.next) {
+            Some(expected) if expected.name() == name => self.next,
+            _ => columns
+                .iter()
+                .position(|c| c.name() == name)
+                .ok_or_else(|| DbError::Decode(format!("column {name}: no such column")))?,
+        };
+        self.next = position + 1;
+        self.row
+            .try_get(position)
+            .map_err(|e| DbError::Decode(format!("column {name}: {e:#}")))
     }
 }
 
