@@ -67,15 +67,7 @@ impl SimulatedProcessor {
     /// key always gets the same id.
     fn processor_id(key: &str) -> String {
         let digest = Sha256::digest(key.as_bytes());
-        let mut digits = [0u8; 24];
-        let mut id = String::with_capacity(4 + digits.len());
-        id.push_str("sim_");
-        // Both cannot fail: 12 bytes fill 24 digits exactly, and hex digits
-        // are ASCII.
-        if hex::encode_to_slice(&digest[..12], &mut digits).is_ok() {
-            id.push_str(std::str::from_utf8(&digits).unwrap_or_default());
-        }
-        id
+        format!("sim_{}", hex::encode(&digest[..12]))
     }
 
     /// The answer for a call with `key` and `amount`, given its declines.
