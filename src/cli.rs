@@ -114,7 +114,7 @@ fn block_on(work: impl std::future::Future<Output = Result<(), String>>) -> Exit
 async fn serve(settings: &Settings) -> Result<(), String> {
     let app = Application::build(settings)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| error_chain(&e))?;
     app.run_until_stopped().await.map_err(|e| e.to_string())?;
     tracing::info!("stopped");
     Ok(())
@@ -123,7 +123,7 @@ async fn serve(settings: &Settings) -> Result<(), String> {
 async fn migrate(settings: &Settings) -> Result<(), String> {
     let applied = db::migrate(&settings.database)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| error_chain(&e))?;
     eprintln!(
         "applied {applied} migration(s); schema at version {}",
         db::latest_migration()
@@ -138,7 +138,7 @@ async fn create_merchant(settings: &Settings, name: &str) -> Result<(), String> 
     if settings.database.migrate_on_start {
         db::migrate(&settings.database)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| error_chain(&e))?;
     }
     let database = db::Database::new(&settings.database, 1).map_err(|e| e.to_string())?;
     let conn = database

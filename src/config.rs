@@ -88,6 +88,11 @@ pub struct DatabaseSettings {
     /// (`db::batch`); 1 sends each alone.
     pub batch_rows: usize,
     pub migrate_on_start: bool,
+    /// How long the migrations at start-up keep trying to reach a
+    /// PostgreSQL that is not up yet (`db::connect_at_start`).
+    #[serde(rename = "startup_wait_ms")]
+    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    pub startup_wait: Duration,
 }
 
 #[serde_as]
@@ -297,6 +302,13 @@ impl Settings {
                 db.connect_timeout.as_millis(),
                 MS,
                 u128::MAX,
+            ),
+            // 0: one try, as a one-off command may want.
+            (
+                "database.startup_wait_ms",
+                db.startup_wait.as_millis(),
+                0,
+                HOUR_MS,
             ),
             // 0 leaves it to the server: behind PgBouncer, which refuses
             // the startup option that would carry it.

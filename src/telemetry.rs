@@ -47,13 +47,17 @@ pub fn record(field: &'static str, value: &dyn std::fmt::Display) {
     tracing::Span::current().record(field, tracing::field::display(value));
 }
 
-/// An error and its causes, `: `-separated, for a log line.
+/// An error and its causes, `: `-separated, for a log line. A cause whose
+/// text its error already shows (`#[error("…: {0}")]`) is not repeated.
 pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
         source = cause.source();
     }
     text
@@ -256,6 +260,27 @@ impl Drop for LogGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    enum Outer {
+        #[error("cannot connect")]
+        Hides(#[source] std::io::Error),
+        #[error("processor client: {0}")]
+        Shows(#[source] std::io::Error),
+    }
+
+    #[test]
+    fn an_error_chain_names_each_cause_once() {
+        let refused = || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert_eq!(
+            error_chain(&Outer::Hides(refused())),
+            "cannot connect: refused"
+        );
+        assert_eq!(
+            error_chain(&Outer::Shows(refused())),
+            "processor client: refused"
+        );
+    }
 
     #[test]
     fn timestamps_are_rfc3339_in_utc_with_microseconds() {

@@ -18,7 +18,7 @@ pub mod webhook_deliveries;
 pub mod webhook_endpoints;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use deadpool_postgres::{
     Manager, ManagerConfig, Object, Pool, QueueMode, RecyclingMethod, Runtime, Timeouts,
@@ -545,11 +545,7 @@ impl Drop for Conn {
 /// instances may call this at once: a session advisory lock lets one work
 /// while the others wait, and they then find nothing left to do.
 pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, DbError> {
-    let connector = Connector::new(&pg_config(settings)?, settings.connect_timeout);
-    let (mut client, connection) = tokio::time::timeout(connector.bound(), connector.connect())
-        .await
-        .map_err(|_| DbError::Timeout(connector.bound()))?
-        .map_err(DbError::Connect)?;
+    let (mut client, connection) = connect_at_start(settings).await?;
     let connection = tokio::spawn(connection);
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
@@ -565,6 +561,56 @@ pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, DbError> {
     let applied = report?.applied_migrations().len();
     unlocked?;
     Ok(applied)
+}
+
+/// A connection for start-up work. A PostgreSQL that is not up yet (the
+/// service and its database started together, or the database restarting)
+/// is tried again, with a pause that grows to 2 s, for up to
+/// `database.startup_wait_ms`; each failed try is logged. An error that
+/// waiting cannot mend ends the wait at once ([`worth_waiting_for`]).
+async fn connect_at_start(
+    settings: &DatabaseSettings,
+) -> Result<(tokio_postgres::Client, StartConnection), DbError> {
+    let connector = Connector::new(&pg_config(settings)?, settings.connect_timeout);
+    let deadline = Instant::now() + settings.startup_wait;
+    let mut pause = Duration::from_millis(250);
+    loop {
+        let error = match tokio::time::timeout(connector.bound(), connector.connect()).await {
+            Ok(Ok(connected)) => return Ok(connected),
+            Ok(Err(error)) => DbError::Connect(error),
+            Err(_) => DbError::Timeout(connector.bound()),
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || !worth_waiting_for(&error) {
+            return Err(error);
+        }
+        let retry_in = pause.min(left);
+        tracing::warn!(
+            error = %crate::telemetry::error_chain(&error),
+            ?retry_in,
+            "PostgreSQL cannot be reached yet; trying again (database.startup_wait_ms)"
+        );
+        tokio::time::sleep(retry_in).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+    }
+}
+
+type StartConnection =
+    tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>;
+
+/// Whether a failed connection attempt may succeed if tried again later:
+/// nothing answered (refused, reset, no answer in time), or the server
+/// answered that it is starting up, shutting down, in recovery (SQLSTATE
+/// class 57P) or full (53300 too_many_connections). A wrong password or a
+/// missing database stays wrong however long one waits.
+fn worth_waiting_for(error: &DbError) -> bool {
+    match error {
+        DbError::Timeout(_) => true,
+        DbError::Connect(error) => error.code().map_or(true, |code| {
+            code.code().starts_with("57P") || *code == SqlState::TOO_MANY_CONNECTIONS
+        }),
+        _ => false,
+    }
 }
 
 /// The newest migration version this binary carries.
@@ -671,6 +717,7 @@ mod tests {
             prepared_statements: true,
             batch_rows: 64,
             migrate_on_start: false,
+            startup_wait: Duration::ZERO,
         }
     }
 

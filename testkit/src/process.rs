@@ -84,7 +84,20 @@ impl Spawned {
     }
 
     /// [`Spawned::start`] with a log file or another poll interval.
-    pub async fn start_with(mut command: Command, ready_path: &str, options: SpawnOptions) -> Self {
+    pub async fn start_with(command: Command, ready_path: &str, options: SpawnOptions) -> Self {
+        Self::try_start_with(command, ready_path, options)
+            .await
+            .unwrap_or_else(|message| panic!("{message}"))
+    }
+
+    /// [`Spawned::start_with`] for a caller that expects a start to fail at
+    /// times (a tool restarting a service while its database is down): the
+    /// reason, with the process's log, instead of a panic.
+    pub async fn try_start_with(
+        mut command: Command,
+        ready_path: &str,
+        options: SpawnOptions,
+    ) -> Result<Self, String> {
         let (mut child, log, port_rx) = match &options.log_file {
             None => spawn_logging_to_memory(&mut command),
             Some(path) => spawn_logging_to_file(&mut command, path),
@@ -100,14 +113,15 @@ impl Spawned {
             }
             if let Some(status) = child.try_wait().expect("try_wait") {
                 let log = log.lines().join("\n");
-                panic!("{command:?} exited before listening: {status}\n{log}");
+                return Err(format!(
+                    "{command:?} exited before listening: {status}\n{log}"
+                ));
             }
             if started.elapsed() >= START_LIMIT {
-                // Not left running behind the panic: a `Child` is not
-                // killed when dropped.
+                // Not left running: a `Child` is not killed when dropped.
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("{command:?} never said which port it listens on");
+                return Err(format!("{command:?} never said which port it listens on"));
             }
             tokio::time::sleep(options.poll).await;
         };
@@ -117,22 +131,21 @@ impl Spawned {
             url: format!("http://127.0.0.1:{port}"),
             log,
         };
-        spawned.wait_ready(ready_path, options.poll).await;
-        spawned
+        // On failure `spawned` is dropped, which kills the process.
+        spawned.wait_ready(ready_path, options.poll).await?;
+        Ok(spawned)
     }
 
-    async fn wait_ready(&self, path: &str, poll: Duration) {
+    async fn wait_ready(&self, path: &str, poll: Duration) -> Result<(), String> {
         let started = Instant::now();
         let address = format!("127.0.0.1:{}", self.port);
         loop {
             if http_get_status(&address, path).await == Some(200) {
-                return;
+                return Ok(());
             }
-            assert!(
-                started.elapsed() < START_LIMIT,
-                "{}{path} never became ready",
-                self.url
-            );
+            if started.elapsed() >= START_LIMIT {
+                return Err(format!("{}{path} never became ready", self.url));
+            }
             tokio::time::sleep(poll).await;
         }
     }

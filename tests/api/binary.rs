@@ -1,11 +1,12 @@
 //! The real `chargeonce` binary: CLI, configuration errors, migrations from
 //! several processes at once, start-up and graceful shutdown on SIGTERM.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use chargeonce_testkit::{server_address, Proxy, ProxyMode, Spawned};
 use sha2::{Digest, Sha256};
 
-use crate::processes::{chargeonce, run, start_service, Database};
+use crate::processes::{chargeonce, run, start_service, Database, ANNOUNCING_LOG};
 
 #[tokio::test]
 async fn merchant_create_prints_only_the_secret_and_stores_only_its_digest() {
@@ -73,6 +74,89 @@ async fn a_bad_configuration_value_stops_start_up_naming_the_key() {
             "{variable}={value}: stderr does not name {key}: {stderr}"
         );
     }
+}
+
+/// The service and its database started together, the database not up
+/// yet: `serve` keeps trying (`database.startup_wait_ms`), saying so in its
+/// log, and migrates and serves once the database answers.
+#[tokio::test]
+async fn serve_waits_for_a_database_that_is_not_up_yet() {
+    let db = Database::new().await;
+    let proxy = Proxy::start(server_address(&db.url)).await;
+    proxy.set_mode(ProxyMode::Cut);
+    // Direct in both passes: it migrates.
+    let mut command = chargeonce(&proxy.url_for(&db.url));
+    command
+        .env("RUST_LOG", ANNOUNCING_LOG)
+        .env("CHARGEONCE__SERVER__PORT", "0")
+        .env("CHARGEONCE__DATABASE__STARTUP_WAIT_MS", "20000")
+        .arg("serve");
+    let starting = tokio::spawn(Spawned::start(command, "/readyz"));
+
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !starting.is_finished(),
+        "serve must still be waiting while the database is unreachable"
+    );
+    proxy.set_mode(ProxyMode::Forward);
+    let service = starting.await.expect("serve became ready");
+
+    let log = service.log().join("\n");
+    assert!(
+        log.contains("PostgreSQL cannot be reached yet"),
+        "each failed try is logged: {log}"
+    );
+    let applied: i64 = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM refinery_schema_history", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(applied, chargeonce::db::latest_migration());
+}
+
+/// The wait is bounded, and only for what waiting can mend: nothing
+/// listening is tried until `database.startup_wait_ms` runs out; a server
+/// that answers "no such database" ends start-up at once.
+#[tokio::test]
+async fn start_up_waits_only_as_long_as_configured_and_only_for_what_can_change() {
+    let nothing_listens = "postgres://postgres@127.0.0.1:1/none";
+    let started = Instant::now();
+    let mut command = chargeonce(nothing_listens);
+    command
+        .env("CHARGEONCE__DATABASE__STARTUP_WAIT_MS", "1500")
+        .arg("migrate");
+    let output = run(command).await;
+    let waited = started.elapsed();
+    assert!(!output.status.success());
+    assert!(
+        waited >= Duration::from_millis(1500) && waited < Duration::from_secs(15),
+        "gave up after {waited:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("cannot connect to PostgreSQL"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    let db = Database::new().await;
+    let mut missing = url::Url::parse(&db.url).unwrap();
+    missing.set_path(&format!("{}_missing", db.name));
+    let started = Instant::now();
+    let mut command = chargeonce(missing.as_str());
+    command
+        .env("CHARGEONCE__DATABASE__STARTUP_WAIT_MS", "60000")
+        .arg("migrate");
+    let output = run(command).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("does not exist"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "no waiting for a database that does not exist: {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]

@@ -32,7 +32,8 @@ pub async fn run(mut command: Command) -> Output {
 
 /// The log level of spawned services: warnings, plus the line that
 /// announces the port (`chargeonce listening` / `psp-sim listening`).
-const ANNOUNCING_LOG: &str = "warn,chargeonce::startup=info,chargeonce::processor::simulator=info";
+pub const ANNOUNCING_LOG: &str =
+    "warn,chargeonce::startup=info,chargeonce::processor::simulator=info";
 
 /// A test database for the real binary, dropped with the value. `new` is
 /// empty (the binary migrates it, as in production); `migrated` has the

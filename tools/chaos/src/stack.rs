@@ -123,14 +123,14 @@ pub async fn cli(binary: &Path, database_url: &str, args: &[&str], dir: &Path) -
     Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
-/// Starts a process, waiting for `ready`; a start that fails (the kit
-/// panics then) is an error here, so the caller can try again.
+/// Starts a process, waiting for `ready`; a start that fails is an error,
+/// so the caller can try again.
 pub async fn spawn(command: Command, ready: &'static str, log: PathBuf) -> Result<Spawned> {
     let options = SpawnOptions {
         log_file: Some(log),
         poll: Duration::from_millis(20),
     };
-    tokio::spawn(async move { Spawned::start_with(command, ready, options).await })
+    Spawned::try_start_with(command, ready, options)
         .await
         .map_err(|e| anyhow::anyhow!("the process did not start: {e}"))
 }
