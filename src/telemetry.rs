@@ -8,7 +8,7 @@
 //! `MAX_BUFFERED` bytes and later lines are counted and dropped, not queued
 //! without bound.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -83,8 +83,9 @@ pub fn init(format: LogFormat) -> Option<LogGuard> {
     let buffer = Arc::new(Buffer::default());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        // Colours only for a person at a terminal, not in files and pipes.
-        .with_ansi(std::io::stderr().is_terminal())
+        // Plain text, at a terminal too: the colour styles cost every line
+        // (see Cargo.toml).
+        .with_ansi(false)
         .with_timer(Clock)
         .with_writer(BufferedStderr(buffer.clone()));
     let installed = match format {
