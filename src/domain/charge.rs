@@ -168,27 +168,58 @@ impl Charge {
     }
 }
 
+impl Charge {
+    /// The public JSON of `into_created`, without a copy of the charge: what
+    /// the replay cache keeps, so a replay is not rendered again.
+    pub fn created_json(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string(&Public {
+            charge: self,
+            amount_refunded: 0,
+        })
+    }
+}
+
 /// The public form, the same for answers, reads and events. Besides the
 /// refund totals (see `into_created`), only fields that are fixed once the
 /// charge is final are shown.
 impl Serialize for Charge {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        Public {
+            charge: self,
+            amount_refunded: self.amount_refunded,
+        }
+        .serialize(serializer)
+    }
+}
+
+/// A charge's public form with the refunded amount given.
+struct Public<'a> {
+    charge: &'a Charge,
+    amount_refunded: i64,
+}
+
+impl Serialize for Public<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let Self {
+            charge: this,
+            amount_refunded,
+        } = *self;
         let mut out = serializer.serialize_struct("Charge", 13)?;
-        out.serialize_field("id", &self.id.to_string())?;
+        out.serialize_field("id", &this.id.to_string())?;
         out.serialize_field("object", "charge")?;
-        out.serialize_field("amount", &self.amount)?;
-        out.serialize_field("currency", &self.currency)?;
-        out.serialize_field("status", self.status.as_str())?;
-        out.serialize_field("customer", &self.customer)?;
-        out.serialize_field("description", &self.description)?;
-        out.serialize_field("metadata", &self.metadata)?;
-        out.serialize_field("failure_code", &self.failure_code)?;
-        out.serialize_field("failure_message", &self.failure_message)?;
-        out.serialize_field("amount_refunded", &self.amount_refunded)?;
-        out.serialize_field("refunded", &(self.amount_refunded == self.amount))?;
+        out.serialize_field("amount", &this.amount)?;
+        out.serialize_field("currency", &this.currency)?;
+        out.serialize_field("status", this.status.as_str())?;
+        out.serialize_field("customer", &this.customer)?;
+        out.serialize_field("description", &this.description)?;
+        out.serialize_field("metadata", &this.metadata)?;
+        out.serialize_field("failure_code", &this.failure_code)?;
+        out.serialize_field("failure_message", &this.failure_message)?;
+        out.serialize_field("amount_refunded", &amount_refunded)?;
+        out.serialize_field("refunded", &(amount_refunded == this.amount))?;
         out.serialize_field(
             "created_at",
-            &self.created_at.to_rfc3339_opts(SecondsFormat::Micros, true),
+            &this.created_at.to_rfc3339_opts(SecondsFormat::Micros, true),
         )?;
         out.end()
     }
@@ -444,6 +475,20 @@ mod tests {
             },
             charge
         );
+    }
+
+    /// What the replay cache keeps is what the answer to the creation
+    /// renders: the same bytes, refunds or not.
+    #[test]
+    fn the_created_json_is_the_created_form_rendered() {
+        for refunded in [0, 300, 1000] {
+            let charge = stored(1000, refunded);
+            assert_eq!(
+                charge.created_json().expect("renders"),
+                serde_json::to_string(&charge.clone().into_created()).expect("renders"),
+                "{refunded} refunded"
+            );
+        }
     }
 
     #[test]

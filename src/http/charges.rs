@@ -76,6 +76,7 @@ fn charge_response(reply: ChargeReply) -> Result<HttpResponse, ApiError> {
     render::created(
         charge.status,
         charge,
+        reply.json.as_deref(),
         render::Declined {
             object: "charge",
             id: &charge.id,

@@ -67,6 +67,7 @@ fn refund_response(reply: &RefundReply) -> Result<HttpResponse, ApiError> {
     render::created(
         refund.status,
         refund,
+        reply.json.as_deref(),
         render::Declined {
             object: "refund",
             id: &refund.id,

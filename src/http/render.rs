@@ -37,16 +37,20 @@ pub struct Declined<'a, T: Serialize> {
 
 /// The answer to an idempotent creation, rendered from the stored record
 /// alone: `201` succeeded, `202` pending, `402` failed (a problem document).
+/// `rendered` is the record's JSON if it is at hand already (the replay
+/// cache keeps it): the body of a 201 or 202 as it is.
 pub fn created<T: Serialize>(
     status: Status,
     record: &T,
+    rendered: Option<&str>,
     declined: Declined<'_, T>,
     location: String,
     replayed: bool,
 ) -> Result<HttpResponse, ApiError> {
+    let json = || rendered.map_or_else(|| to_json(record), |json| Ok(json.to_owned()));
     let (code, content_type, body) = match status {
-        Status::Succeeded => (StatusCode::CREATED, "application/json", to_json(record)?),
-        Status::Pending => (StatusCode::ACCEPTED, "application/json", to_json(record)?),
+        Status::Succeeded => (StatusCode::CREATED, "application/json", json()?),
+        Status::Pending => (StatusCode::ACCEPTED, "application/json", json()?),
         Status::Failed => {
             let mut extra = serde_json::Map::new();
             extra.insert(

@@ -101,9 +101,9 @@ impl Charges {
         fingerprint: RequestFingerprint,
         request: &NewCharge,
     ) -> Result<ChargeReply, ServiceError> {
-        if let Some(charge) = self.flow.cached(merchant, key) {
-            same_request(&fingerprint, &charge)?;
-            return Ok(self.flow.replay(charge));
+        if let Some(cached) = self.flow.cached(merchant, key) {
+            same_request(&fingerprint, &cached.record)?;
+            return Ok(self.flow.replay(cached));
         }
         for _ in 0..MAX_KEY_ROUNDS {
             let id = ChargeId::new();
@@ -129,8 +129,8 @@ impl Charges {
                 }
             };
             same_request(&fingerprint, &charge)?;
-            if let Some(reply) = self.flow.continue_with(charge, created).await? {
-                self.flow.remember(merchant, key, &reply.record);
+            if let Some(mut reply) = self.flow.continue_with(charge, created).await? {
+                self.flow.remember(merchant, key, &mut reply);
                 return Ok(reply);
             }
         }
@@ -195,6 +195,10 @@ impl Record for Charge {
 
     fn heap_bytes(&self) -> usize {
         self.heap_bytes()
+    }
+
+    fn created_json(&self) -> Result<String, serde_json::Error> {
+        self.created_json()
     }
 }
 

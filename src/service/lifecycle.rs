@@ -45,7 +45,7 @@ use crate::processor::{PaymentProcessor, ProcessorReply};
 use crate::telemetry::{self, error_chain};
 use tracing::Instrument;
 
-use super::replay_cache::ReplayCache;
+use super::replay_cache::{Cached, ReplayCache};
 use super::ServiceError;
 
 /// What a client is told to wait before retrying a key that is in flight.
@@ -80,6 +80,10 @@ pub trait Record: Clone + Send + Sync + 'static {
     /// About how many bytes the record holds on the heap (its strings and
     /// maps), to bound the replay cache.
     fn heap_bytes(&self) -> usize;
+    /// The public JSON of the record as the answer to its creation shows it
+    /// (a charge before any refund: `Charge::into_created`). The replay
+    /// cache keeps it, so a replay is not rendered again.
+    fn created_json(&self) -> Result<String, serde_json::Error>;
 
     /// The time in the record's id (a UUIDv7), which the retention sweeper
     /// counts from.
@@ -162,6 +166,9 @@ pub trait Kind: Send + Sync + 'static {
 pub struct Reply<R> {
     pub record: R,
     pub replayed: bool,
+    /// `Record::created_json`, when it is rendered already (the replay
+    /// cache holds it); else whoever answers renders the record.
+    pub json: Option<Arc<str>>,
 }
 
 /// A pending record whose lease we hold, and by when the lease has surely
@@ -293,25 +300,32 @@ impl<K: Kind> Lifecycle<K> {
 
     /// The final record `key` led to, if it is in the replay cache. The
     /// caller still compares the request with it, as with a row.
-    pub fn cached(&self, merchant: MerchantId, key: &IdempotencyKey) -> Option<K::Record> {
+    pub fn cached(&self, merchant: MerchantId, key: &IdempotencyKey) -> Option<Cached<K::Record>> {
         let found = self.replays.get(merchant, key);
         metrics::replay_cache(K::NAME, if found.is_some() { "hit" } else { "miss" });
         found
     }
 
     /// Answers with a cached record (see `cached`).
-    pub fn replay(&self, record: K::Record) -> Reply<K::Record> {
-        telemetry::record("id", &record.public_id());
+    pub fn replay(&self, cached: Cached<K::Record>) -> Reply<K::Record> {
+        telemetry::record("id", &cached.record.public_id());
         outcome::<K>("replayed");
         Reply {
-            record,
+            record: cached.record,
             replayed: true,
+            json: Some(cached.json),
         }
     }
 
-    /// Keeps a reply for later replays if it is final.
-    pub fn remember(&self, merchant: MerchantId, key: &IdempotencyKey, record: &K::Record) {
-        self.replays.remember(merchant, key, record);
+    /// Keeps a reply for later replays if it is final, and gives it the
+    /// JSON kept, so its own answer is rendered only once.
+    pub fn remember(
+        &self,
+        merchant: MerchantId,
+        key: &IdempotencyKey,
+        reply: &mut Reply<K::Record>,
+    ) {
+        reply.json = self.replays.remember(merchant, key, &reply.record);
     }
 
     /// Goes on from a row the key led to: ours and new (process it), final
@@ -336,6 +350,7 @@ impl<K: Kind> Lifecycle<K> {
             return Ok(Some(Reply {
                 record,
                 replayed: true,
+                json: None,
             }));
         }
         self.resume(record).await
@@ -374,6 +389,7 @@ impl<K: Kind> Lifecycle<K> {
                 return Ok(Some(Reply {
                     record: current,
                     replayed: true,
+                    json: None,
                 }));
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
@@ -402,7 +418,11 @@ impl<K: Kind> Lifecycle<K> {
         let task = tokio::spawn(
             async move {
                 let record = this.call_processor_and_record(leased).await?;
-                Ok(Reply { record, replayed })
+                Ok(Reply {
+                    record,
+                    replayed,
+                    json: None,
+                })
             }
             .instrument(tracing::Span::current()),
         );

@@ -63,9 +63,9 @@ impl Refunds {
         fingerprint: RequestFingerprint,
         request: &NewRefund,
     ) -> Result<RefundReply, ServiceError> {
-        if let Some(refund) = self.flow.cached(merchant, key) {
-            same_request(&fingerprint, charge, &refund)?;
-            return Ok(self.flow.replay(refund));
+        if let Some(cached) = self.flow.cached(merchant, key) {
+            same_request(&fingerprint, charge, &cached.record)?;
+            return Ok(self.flow.replay(cached));
         }
         for _ in 0..MAX_KEY_ROUNDS {
             let id = RefundId::new();
@@ -103,8 +103,8 @@ impl Refunds {
                 }
             };
             same_request(&fingerprint, charge, &refund)?;
-            if let Some(reply) = self.flow.continue_with(refund, created).await? {
-                self.flow.remember(merchant, key, &reply.record);
+            if let Some(mut reply) = self.flow.continue_with(refund, created).await? {
+                self.flow.remember(merchant, key, &mut reply);
                 return Ok(reply);
             }
         }
@@ -181,6 +181,12 @@ impl Record for Refund {
 
     fn heap_bytes(&self) -> usize {
         self.heap_bytes()
+    }
+
+    /// A refund never changes after it is final: its form as created is
+    /// its form.
+    fn created_json(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string(self)
     }
 }
 

@@ -43,14 +43,25 @@ pub const RELEASE_MARGIN: Duration = Duration::from_secs(300);
 /// Calibrated with `scripts/bench`: a full run that filled a 32 MiB cache
 /// (about 60,000 charges at the earlier estimate of 160 bytes) peaked at
 /// 87 MB RSS against 21 MB without the cache, about 1,100 bytes per charge
-/// in all; this overhead brings the weight to that (BENCHMARKS.md).
+/// in all; this overhead brings the weight to that (BENCHMARKS.md). The
+/// rendered JSON, kept since, is weighed by its length on top: about 330
+/// bytes more per charge, so 32 MiB now hold about 24,000 charges.
 const ENTRY_OVERHEAD: usize = 700;
 
 type Key = (MerchantId, String);
 
 struct Entry<R> {
     record: R,
+    /// `Record::created_json`, rendered once.
+    json: Arc<str>,
     expires: Instant,
+}
+
+/// A final record from the cache, and its public JSON as its creation
+/// answers it.
+pub struct Cached<R> {
+    pub record: R,
+    pub json: Arc<str>,
 }
 
 /// Expires each entry at its own time.
@@ -88,7 +99,8 @@ impl<R: Record> ReplayCache<R> {
                     let bytes = ENTRY_OVERHEAD
                         + std::mem::size_of::<R>()
                         + key.1.len()
-                        + entry.record.heap_bytes();
+                        + entry.record.heap_bytes()
+                        + entry.json.len();
                     u32::try_from(bytes).unwrap_or(u32::MAX)
                 })
                 .expire_after(AtReleaseTime)
@@ -98,30 +110,39 @@ impl<R: Record> ReplayCache<R> {
     }
 
     /// The final record a key led to, if this process has seen it.
-    pub fn get(&self, merchant: MerchantId, key: &IdempotencyKey) -> Option<R> {
+    pub fn get(&self, merchant: MerchantId, key: &IdempotencyKey) -> Option<Cached<R>> {
         let entries = self.entries.as_ref()?;
         let entry = entries.get(&(merchant, key.as_str().to_owned()))?;
         // Expiry is also enforced on read, but only to moka's tick; be exact.
-        (Instant::now() < entry.expires).then(|| entry.record.clone())
+        (Instant::now() < entry.expires).then(|| Cached {
+            record: entry.record.clone(),
+            json: entry.json.clone(),
+        })
     }
 
     /// Remembers a key's record if it is final and its key not about to be
-    /// released.
-    pub fn remember(&self, merchant: MerchantId, key: &IdempotencyKey, record: &R) {
-        let Some(entries) = &self.entries else {
-            return;
-        };
+    /// released; returns the JSON it keeps for it (`Record::created_json`).
+    pub fn remember(
+        &self,
+        merchant: MerchantId,
+        key: &IdempotencyKey,
+        record: &R,
+    ) -> Option<Arc<str>> {
+        let entries = self.entries.as_ref()?;
         if record.status() == Status::Pending {
-            return;
+            return None;
         }
-        let Some(lifetime) = self.lifetime_left(record) else {
-            return;
-        };
+        let lifetime = self.lifetime_left(record)?;
+        // Cannot fail for these plain structs; if it did, the record is
+        // simply not kept and its replays read the database.
+        let json: Arc<str> = record.created_json().ok()?.into();
         let entry = Entry {
             record: record.clone(),
+            json: json.clone(),
             expires: Instant::now() + lifetime,
         };
         entries.insert((merchant, key.as_str().to_owned()), Arc::new(entry));
+        Some(json)
     }
 
     /// Time until `RELEASE_MARGIN` before the key's release; `None` if that
@@ -219,10 +240,9 @@ mod tests {
             &key("pending"),
             &charge(Status::Pending, Utc::now()),
         );
-        assert_eq!(
-            cache.get(merchant, &key("paid")).map(|c| c.id),
-            Some(paid.id)
-        );
+        let kept = cache.get(merchant, &key("paid")).expect("kept");
+        assert_eq!(kept.record.id, paid.id);
+        assert_eq!(*kept.json, paid.created_json().expect("renders"));
         assert!(cache.get(merchant, &key("pending")).is_none());
         let other = MerchantId::from_uuid(uuid::Uuid::from_u128(1));
         assert!(
@@ -284,7 +304,8 @@ mod tests {
             "{}",
             cache.weighted_bytes()
         );
-        assert!(cache.entries() > 50, "{} entries", cache.entries());
+        // About 1.3 KB each (the record, its JSON, the overhead).
+        assert!(cache.entries() > 40, "{} entries", cache.entries());
 
         // A record's own heap data counts: ten kilobytes of description
         // each, and the same bytes hold a handful.
