@@ -606,7 +606,7 @@ type StartConnection =
 fn worth_waiting_for(error: &DbError) -> bool {
     match error {
         DbError::Timeout(_) => true,
-        DbError::Connect(error) => error.code().map_or(true, |code| {
+        DbError::Connect(error) => error.code().is_none_or(|code| {
             code.code().starts_with("57P") || *code == SqlState::TOO_MANY_CONNECTIONS
         }),
         _ => false,
