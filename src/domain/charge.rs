@@ -166,9 +166,7 @@ impl Charge {
         }
         charge
     }
-}
 
-impl Charge {
     /// The public JSON of `into_created`, without a copy of the charge: what
     /// the replay cache keeps, so a replay is not rendered again.
     pub fn created_json(&self) -> Result<String, serde_json::Error> {

@@ -159,6 +159,37 @@ async fn start_up_waits_only_as_long_as_configured_and_only_for_what_can_change(
     );
 }
 
+/// SIGTERM while start-up waits for the database ends the process at once:
+/// `docker stop` or a rollout must not sit out `database.startup_wait_ms`.
+#[tokio::test]
+async fn sigterm_while_waiting_for_the_database_stops_at_once() {
+    let mut command = chargeonce("postgres://postgres@127.0.0.1:1/none");
+    command
+        .env("CHARGEONCE__SERVER__PORT", "0")
+        .env("CHARGEONCE__DATABASE__STARTUP_WAIT_MS", "60000")
+        .arg("serve")
+        .stderr(std::process::Stdio::null());
+    let mut child = tokio::process::Command::from(command)
+        .spawn()
+        .expect("spawn");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(
+        child.try_wait().expect("try_wait").is_none(),
+        "still waiting for the database"
+    );
+    let pid = child.id().expect("running").to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .expect("stopped within 5 s of SIGTERM")
+        .expect("wait");
+    assert!(!status.success(), "{status}");
+}
+
 #[tokio::test]
 async fn migrations_are_safe_when_several_instances_start_at_once() {
     let db = Database::new().await;
