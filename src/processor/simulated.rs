@@ -39,6 +39,8 @@ pub const REMEMBERED_TIMEOUTS: u64 = 100_000;
 
 pub struct SimulatedProcessor {
     latency: Duration,
+    /// Calls begun (counted before the latency) and answered.
+    begun: AtomicU64,
     calls: AtomicU64,
     /// Keys of `…09` amounts that have had their first (timed-out) call. Only
     /// those need memory; every other answer is a pure function of the call.
@@ -53,6 +55,7 @@ impl SimulatedProcessor {
     fn with_memory(latency: Duration, remembered: u64) -> Self {
         Self {
             latency,
+            begun: AtomicU64::new(0),
             calls: AtomicU64::new(0),
             timed_out_once: Cache::new(remembered),
         }
@@ -61,6 +64,12 @@ impl SimulatedProcessor {
     /// How many calls this processor has answered.
     pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::SeqCst)
+    }
+
+    /// How many calls have reached this processor, answered or not: a test
+    /// that cuts the database "while the card is charged" waits for this.
+    pub fn calls_begun(&self) -> u64 {
+        self.begun.load(Ordering::SeqCst)
     }
 
     /// `sim_` and the first 24 hex digits of the key's SHA-256: the same
@@ -77,6 +86,7 @@ impl SimulatedProcessor {
         amount: i64,
         decline: Option<(&str, &str)>,
     ) -> ProcessorReply {
+        self.begun.fetch_add(1, Ordering::SeqCst);
         if !self.latency.is_zero() {
             tokio::time::sleep(self.latency).await;
         }
