@@ -600,15 +600,13 @@ type StartConnection =
 
 /// Whether a failed connection attempt may succeed if tried again later:
 /// nothing answered (refused, reset, no answer in time), or the server
-/// answered that it is starting up, shutting down, in recovery (SQLSTATE
-/// class 57P) or full (53300 too_many_connections). A wrong password or a
-/// missing database stays wrong however long one waits.
+/// answered with a state the request path also retries (`transient_state`:
+/// starting up, shutting down, full, a connection error). A wrong password
+/// or a missing database stays wrong however long one waits.
 fn worth_waiting_for(error: &DbError) -> bool {
     match error {
         DbError::Timeout(_) => true,
-        DbError::Connect(error) => error.code().is_none_or(|code| {
-            code.code().starts_with("57P") || *code == SqlState::TOO_MANY_CONNECTIONS
-        }),
+        DbError::Connect(error) => error.code().is_none_or(transient_state),
         _ => false,
     }
 }
