@@ -76,6 +76,15 @@ async fn a_bad_configuration_value_stops_start_up_naming_the_key() {
     }
 }
 
+/// How many migrations the database records as applied.
+async fn applied_migrations(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one("SELECT count(*) FROM refinery_schema_history", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
 /// The service and its database started together, the database not up
 /// yet: `serve` keeps trying (`database.startup_wait_ms`), saying so in its
 /// log, and migrates and serves once the database answers.
@@ -106,13 +115,7 @@ async fn serve_waits_for_a_database_that_is_not_up_yet() {
         log.contains("PostgreSQL cannot be reached yet"),
         "each failed try is logged: {log}"
     );
-    let applied: i64 = db
-        .client()
-        .await
-        .query_one("SELECT count(*) FROM refinery_schema_history", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let applied = applied_migrations(&db.client().await).await;
     assert_eq!(applied, chargeonce::db::latest_migration());
 }
 
@@ -209,11 +212,7 @@ async fn migrations_are_safe_when_several_instances_start_at_once() {
         );
     }
     let client = db.client().await;
-    let applied: i64 = client
-        .query_one("SELECT count(*) FROM refinery_schema_history", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let applied = applied_migrations(&client).await;
     assert_eq!(
         applied,
         i64::from(u32::try_from(chargeonce::db::latest_migration()).unwrap())
