@@ -280,13 +280,23 @@ pub const RECORD_OUTCOME: Statement = Statement {
 /// `RECORD_OUTCOME` for many charges in one statement (`db::batch`): the
 /// pending ones among them take their outcomes and their events in one
 /// round trip and one commit. Rows come back in no particular order; the
-/// caller matches them by id. Run unnamed, never prepared
-/// (`Conn::query_planned_each_time`): the join of the input with `charges`
-/// is planned for this batch's size and the table's current size each
-/// time. A generic plan, made once while the table was small, would read
-/// the whole table for every batch once it has grown; a plan made now
-/// reads the whole table only while that is cheaper than a probe per id
-/// (`tests/api/plans.rs`).
+/// caller matches them by id.
+///
+/// Planned once per connection, so its plan must not depend on the
+/// table's size (`tests/api/plans.rs`). An `UPDATE … FROM` the input
+/// joined by id has no such plan: made while the table was small, it read
+/// the table whole, and kept doing so on every batch as the table grew.
+/// So the rows are found one probe per item, as `INSERT_OR_FIND_MANY`
+/// finds taken keys (`LATERAL … OFFSET 0` on the primary key), and locked
+/// there, in the items' order (by id: two batches that share charges lock
+/// them in one order). The update then takes each locked row by its
+/// physical address (`ctid`), which nobody else can change while the lock
+/// is held: a TID scan, one row per item. `LIMIT cardinality($1)` takes
+/// nothing away; it tells the plan made without parameters that a batch
+/// is a row or two, for which these probes are the cheapest plan even on
+/// a new, empty table. Before, the statement was parsed and planned for
+/// every batch (0.5 ms of a 1.6 ms statement for a batch of six;
+/// BENCHMARKS.md, round 10).
 pub const RECORD_OUTCOMES: Statement = Statement {
     sql: concat!(
         "WITH input AS ( \
@@ -294,14 +304,21 @@ pub const RECORD_OUTCOMES: Statement = Statement {
                                   $6::text[], $7::uuid[], $8::jsonb[]) \
                  AS input (charge_id, charge_merchant_id, new_status, new_failure_code, \
                            new_failure_message, new_payment_id, event_id, event_data) \
+              LIMIT cardinality($1::uuid[]) \
+         ), pending AS MATERIALIZED ( \
+             SELECT input.*, locked.row_address \
+               FROM input, LATERAL (SELECT ctid AS row_address FROM charges \
+                                     WHERE id = charge_id AND merchant_id = charge_merchant_id \
+                                       AND status IS NOT DISTINCT FROM 'pending' \
+                                    OFFSET 0 FOR UPDATE) AS locked \
          ), updated AS ( \
              UPDATE charges SET status = new_status, failure_code = new_failure_code, \
                                 failure_message = new_failure_message, \
                                 processor_payment_id = new_payment_id, locked_until = NULL, \
                                 updated_at = now() \
-               FROM input \
-              WHERE id = charge_id AND merchant_id = charge_merchant_id \
-                AND status IS NOT DISTINCT FROM 'pending' \
+               FROM pending \
+              WHERE charges.ctid = pending.row_address \
+                AND charges.merchant_id = pending.charge_merchant_id \
               RETURNING ",
         charge_columns!(),
         ", event_id, event_data), event AS ( \
@@ -625,19 +642,25 @@ pub async fn record_outcomes(
     if let [(charge, outcome)] = items {
         return Ok(vec![record_outcome(conn, charge, outcome).await?]);
     }
-    let mut ids = Vec::with_capacity(items.len());
-    let mut merchants = Vec::with_capacity(items.len());
-    let mut statuses = Vec::with_capacity(items.len());
-    let mut codes = Vec::with_capacity(items.len());
-    let mut messages = Vec::with_capacity(items.len());
-    let mut payment_ids = Vec::with_capacity(items.len());
-    let mut event_ids = Vec::with_capacity(items.len());
-    let mut events = Vec::with_capacity(items.len());
-    // In id order, as every batch: two batches that share charges lock
-    // them in one order (with the probe per id the table's size calls for).
-    let mut sorted: Vec<&(Charge, Outcome)> = items.iter().collect();
-    sorted.sort_by_key(|(charge, _)| charge.id);
-    for (charge, outcome) in sorted {
+    // Each charge once, with its first outcome, in id order as every
+    // batch: two batches that share charges lock them in one order.
+    let mut first_of_charge: BTreeMap<(ChargeId, MerchantId), &(Charge, Outcome)> = BTreeMap::new();
+    for item in items {
+        let (charge, _) = item;
+        first_of_charge
+            .entry((charge.id, charge.merchant_id))
+            .or_insert(item);
+    }
+    let sent = first_of_charge.len();
+    let mut ids = Vec::with_capacity(sent);
+    let mut merchants = Vec::with_capacity(sent);
+    let mut statuses = Vec::with_capacity(sent);
+    let mut codes = Vec::with_capacity(sent);
+    let mut messages = Vec::with_capacity(sent);
+    let mut payment_ids = Vec::with_capacity(sent);
+    let mut event_ids = Vec::with_capacity(sent);
+    let mut events = Vec::with_capacity(sent);
+    for (charge, outcome) in first_of_charge.into_values() {
         let (payment_id, code, message) = outcome.columns();
         ids.push(*charge.id.as_uuid());
         merchants.push(*charge.merchant_id.as_uuid());
@@ -649,7 +672,7 @@ pub async fn record_outcomes(
         events.push(Json(charge.with_outcome(outcome).into_created()));
     }
     let rows = conn
-        .query_planned_each_time(
+        .query(
             &RECORD_OUTCOMES,
             &[
                 &ids,

@@ -408,20 +408,6 @@ impl Conn {
         .await
     }
 
-    /// Runs `statement` unnamed even on a connection that prepares its
-    /// statements: it is planned for these parameters (and the tables as
-    /// they are now) every time, never from a plan cached earlier. For
-    /// statements whose best plan depends on their parameters, such as a
-    /// join with an array of ids.
-    pub async fn query_planned_each_time(
-        &self,
-        statement: &Statement,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Row>, DbError> {
-        self.bounded(statement.sql, self.unnamed(statement, params))
-            .await
-    }
-
     pub async fn execute(
         &self,
         statement: &Statement,

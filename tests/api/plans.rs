@@ -84,11 +84,29 @@ async fn key_lookups_go_through_the_unique_index_without_statistics() {
     assert!(plan.contains("charges_listing"), "LIST:\n{plan}");
 }
 
-/// `charges::INSERT_OR_FIND_MANY` is planned once per connection. After
-/// PostgreSQL's trial plans (five, made with the parameters), a batch of a
-/// few new charges runs on the plan made without them, which probes the
-/// unique index (the test above), instead of being planned again at every
-/// execution. That planning was 0.35 ms of a 0.85 ms statement for a batch
+/// A batch of outcomes finds its rows one primary-key probe per item and
+/// updates each by its address, also in the plan made for an empty,
+/// never-analyzed table; it never reads `charges` whole.
+#[tokio::test]
+async fn outcome_batches_probe_each_row_without_statistics() {
+    let database = migrated_database().await;
+    let client = database.client().await;
+    let plan = generic_plan(&client, &charges::RECORD_OUTCOMES).await;
+    assert!(
+        plan.contains("Index Scan using charges_pkey on charges")
+            && plan.contains("Tid Scan on charges")
+            && !plan.contains("Seq Scan on charges"),
+        "RECORD_OUTCOMES:\n{plan}"
+    );
+}
+
+/// The batch statements of a new charge, `charges::INSERT_OR_FIND_MANY`
+/// and `charges::RECORD_OUTCOMES`, are planned once per connection: after
+/// PostgreSQL's trial plans (five, made with the parameters), batches of a
+/// few charges run on the plan made without them, whose probes the tests
+/// above check, instead of being planned again at every execution. That
+/// planning (and, for the outcomes, sent unnamed, parsing) cost 0.35 ms of
+/// a 0.85 ms insert and 0.5 ms of a 1.6 ms outcome statement for a batch
 /// of six (BENCHMARKS.md, round 10).
 #[tokio::test]
 async fn batches_of_new_charges_are_planned_once_per_connection() {
@@ -102,51 +120,94 @@ async fn batches_of_new_charges_are_planned_once_per_connection() {
         )
         .await
         .unwrap();
-    let statement = &charges::INSERT_OR_FIND_MANY;
-    let prepared = client
-        .prepare_typed(statement.sql, statement.params)
-        .await
-        .unwrap();
+    let prepare = |statement: &'static chargeonce::db::Statement| {
+        client.prepare_typed(statement.sql, statement.params)
+    };
+    let insert = prepare(&charges::INSERT_OR_FIND_MANY).await.unwrap();
+    let record = prepare(&charges::RECORD_OUTCOMES).await.unwrap();
     const BATCH: usize = 6;
     const EXECUTIONS: i64 = 12;
     for execution in 0..EXECUTIONS {
-        let ids: Vec<uuid::Uuid> = (0..BATCH).map(|_| uuid::Uuid::now_v7()).collect();
+        let mut ids: Vec<uuid::Uuid> = (0..BATCH).map(|_| uuid::Uuid::now_v7()).collect();
+        ids.sort();
         let keys: Vec<String> = (0..BATCH)
             .map(|n| format!("plan-{execution}-{n}"))
             .collect();
-        let rows = client
+        let merchants = vec![merchant; BATCH];
+        let nothing = vec![None::<&str>; BATCH];
+        let empty = vec![tokio_postgres::types::Json(serde_json::json!({})); BATCH];
+        let inserted = client
             .query(
-                &prepared,
+                &insert,
                 &[
                     &ids,
-                    &vec![merchant; BATCH],
+                    &merchants,
                     &keys,
                     &vec![vec![7u8; 32]; BATCH],
                     &vec![100i64; BATCH],
                     &vec!["USD"; BATCH],
-                    &vec![None::<&str>; BATCH],
-                    &vec![None::<&str>; BATCH],
-                    &vec![tokio_postgres::types::Json(serde_json::json!({})); BATCH],
+                    &nothing,
+                    &nothing,
+                    &empty,
                     &30_000i64,
                 ],
             )
             .await
             .unwrap();
-        assert_eq!(rows.len(), BATCH, "every charge of the batch was inserted");
+        assert_eq!(
+            inserted.len(),
+            BATCH,
+            "every charge of the batch was inserted"
+        );
+        let event_ids: Vec<uuid::Uuid> = (0..BATCH).map(|_| uuid::Uuid::now_v7()).collect();
+        let recorded = client
+            .query(
+                &record,
+                &[
+                    &ids,
+                    &merchants,
+                    &vec!["succeeded"; BATCH],
+                    &nothing,
+                    &nothing,
+                    &vec![Some("pay_plans"); BATCH],
+                    &event_ids,
+                    &empty,
+                ],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            recorded.len(),
+            BATCH,
+            "every outcome of the batch was recorded"
+        );
     }
-    let row = client
+    for statement in [&charges::INSERT_OR_FIND_MANY, &charges::RECORD_OUTCOMES] {
+        let row = client
+            .query_one(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
+                  WHERE statement = $1",
+                &[&statement.sql],
+            )
+            .await
+            .unwrap();
+        let (generic, custom): (i64, i64) = (row.get(0), row.get(1));
+        assert!(
+            custom <= 5 && generic == EXECUTIONS - custom,
+            "{custom} executions were planned for their parameters, \
+             {generic} ran on the plan made once:\n{}",
+            statement.sql
+        );
+    }
+    let succeeded: i64 = client
         .query_one(
-            "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
-              WHERE statement = $1",
-            &[&statement.sql],
+            "SELECT count(*) FROM charges WHERE status = 'succeeded' AND locked_until IS NULL",
+            &[],
         )
         .await
-        .unwrap();
-    let (generic, custom): (i64, i64) = (row.get(0), row.get(1));
-    assert!(
-        custom <= 5 && generic == EXECUTIONS - custom,
-        "{custom} executions were planned for their parameters, {generic} ran on the plan made once"
-    );
+        .unwrap()
+        .get(0);
+    assert_eq!(succeeded, EXECUTIONS * BATCH as i64);
 }
 
 /// Median time of 100 replays of charges `keys` (created with
@@ -450,13 +511,13 @@ async fn burst(app: &crate::helpers::TestApp, round: &str) {
     }
 }
 
-/// `charges::RECORD_OUTCOMES` joins a batch of ids with `charges`. While
-/// the table is small, reading it whole is the cheapest plan, and a generic
-/// plan made then would keep reading it whole as it grows. So the statement
-/// is planned each time: here batches of outcomes are recorded while the
-/// table is small (one outcome slot, many requests at once), 50,000 charges
-/// arrive with no ANALYZE, and new charges then never read the table
-/// whole, by PostgreSQL's own count.
+/// `charges::RECORD_OUTCOMES` is planned once per connection, so a plan
+/// made while the table is small must not read it whole once it has grown
+/// (as an `UPDATE … FROM` the batch's ids did when it was prepared). Here
+/// batches of outcomes are recorded while the table is small (one outcome
+/// slot, many requests at once), 50,000 charges arrive with no ANALYZE,
+/// and new charges then never read the table whole, by PostgreSQL's own
+/// count.
 #[tokio::test]
 async fn outcome_batches_stop_reading_the_table_whole_as_it_grows() {
     let app = spawn_app_with(|s| {
