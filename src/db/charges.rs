@@ -635,6 +635,12 @@ pub async fn forget_unconfirmed(
 /// trip and one commit). For each item, the charge as recorded, or `None`
 /// if it was not pending any more (an item whose charge appears earlier in
 /// `items` too finds it recorded by that one).
+///
+/// A charge that another transaction changed and committed while the
+/// statement waited for its lock (a takeover once the lease ran out) is a
+/// version the statement cannot see, so it cannot update it. Such an item,
+/// like any the statement did not record, goes on alone, through
+/// `RECORD_OUTCOME`, which sees the charge as it is now.
 pub async fn record_outcomes(
     conn: &Conn,
     items: &[(Charge, Outcome)],
@@ -651,16 +657,16 @@ pub async fn record_outcomes(
             .entry((charge.id, charge.merchant_id))
             .or_insert(item);
     }
-    let sent = first_of_charge.len();
-    let mut ids = Vec::with_capacity(sent);
-    let mut merchants = Vec::with_capacity(sent);
-    let mut statuses = Vec::with_capacity(sent);
-    let mut codes = Vec::with_capacity(sent);
-    let mut messages = Vec::with_capacity(sent);
-    let mut payment_ids = Vec::with_capacity(sent);
-    let mut event_ids = Vec::with_capacity(sent);
-    let mut events = Vec::with_capacity(sent);
-    for (charge, outcome) in first_of_charge.into_values() {
+    let sent: Vec<&(Charge, Outcome)> = first_of_charge.into_values().collect();
+    let mut ids = Vec::with_capacity(sent.len());
+    let mut merchants = Vec::with_capacity(sent.len());
+    let mut statuses = Vec::with_capacity(sent.len());
+    let mut codes = Vec::with_capacity(sent.len());
+    let mut messages = Vec::with_capacity(sent.len());
+    let mut payment_ids = Vec::with_capacity(sent.len());
+    let mut event_ids = Vec::with_capacity(sent.len());
+    let mut events = Vec::with_capacity(sent.len());
+    for (charge, outcome) in &sent {
         let (payment_id, code, message) = outcome.columns();
         ids.push(*charge.id.as_uuid());
         merchants.push(*charge.merchant_id.as_uuid());
@@ -690,6 +696,13 @@ pub async fn record_outcomes(
     for row in &rows {
         let charge = decode(row)?;
         recorded.insert(charge.id, charge);
+    }
+    for (charge, outcome) in sent {
+        if !recorded.contains_key(&charge.id) {
+            if let Some(alone) = record_outcome(conn, charge, outcome).await? {
+                recorded.insert(alone.id, alone);
+            }
+        }
     }
     // `remove`: a charge named twice was recorded once, for the first.
     Ok(items

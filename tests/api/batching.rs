@@ -606,3 +606,70 @@ async fn outcomes_in_one_statement_each_record_their_own() {
         .get(0);
     assert_eq!(pending, 1, "the foreign merchant's item changed nothing");
 }
+
+/// A charge that another transaction changes while a batch of outcomes
+/// waits for its lock (a takeover once the lease ran out, say) still takes
+/// the outcome, as it would alone: the batch statement cannot see the
+/// version committed after it began, so the item goes on alone, and the
+/// charge is pending still. The rest of the batch is recorded as usual.
+#[tokio::test]
+async fn a_charge_changed_while_the_batch_waits_for_it_still_takes_its_outcome() {
+    let app = spawn_app().await;
+    let merchant = merchant_of(&app).await;
+    let conn = app.db.conn().await.unwrap();
+    let items = [
+        pending(merchant, "waited-1", 100),
+        pending(merchant, "waited-2", 200),
+    ];
+    let created: Vec<Charge> = charges::insert_or_find_many(&conn, &items, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|answer| answer.unwrap().0)
+        .collect();
+    let [taken, other] = <[Charge; 2]>::try_from(created).unwrap();
+
+    let sql = app.sql().await;
+    sql.batch_execute("BEGIN").await.unwrap();
+    sql.execute(
+        "UPDATE charges SET locked_until = now() + interval '60 seconds', updated_at = now() \
+          WHERE id = $1",
+        &[taken.id.as_uuid()],
+    )
+    .await
+    .unwrap();
+    let batch = {
+        let outcomes = [
+            (taken.clone(), succeeded("pay_taken")),
+            (other.clone(), succeeded("pay_other")),
+        ];
+        let conn = app.db.conn().await.unwrap();
+        tokio::spawn(async move { charges::record_outcomes(&conn, &outcomes).await })
+    };
+    let waiting = "SELECT count(*) FROM pg_stat_activity \
+                   WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while app.count(waiting).await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the batch never waited for the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    sql.batch_execute("COMMIT").await.unwrap();
+
+    let answers = batch.await.unwrap().unwrap();
+    for (answer, (charge, payment)) in answers
+        .iter()
+        .zip([(&taken, "pay_taken"), (&other, "pay_other")])
+    {
+        let recorded = answer.as_ref().expect("each charge takes its outcome");
+        assert_eq!(recorded.id, charge.id);
+        assert_eq!(recorded.status, Status::Succeeded);
+        assert_eq!(recorded.processor_payment_id.as_deref(), Some(payment));
+    }
+    let events = app
+        .count("SELECT count(*) FROM events WHERE type = 'charge.succeeded'")
+        .await;
+    assert_eq!(events, 2, "one event per charge");
+}
