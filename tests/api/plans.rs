@@ -105,9 +105,9 @@ async fn outcome_batches_probe_each_row_without_statistics() {
 /// PostgreSQL's trial plans (five, made with the parameters), batches of a
 /// few charges run on the plan made without them, whose probes the tests
 /// above check, instead of being planned again at every execution. That
-/// planning (and, for the outcomes, sent unnamed, parsing) cost 0.35 ms of
-/// a 0.85 ms insert and 0.5 ms of a 1.6 ms outcome statement for a batch
-/// of six (BENCHMARKS.md, round 10).
+/// planning (and parsing, for the outcomes, which were sent unnamed) cost
+/// 0.35 ms of a 0.85 ms insert and 0.5 ms of a 1.6 ms outcome statement
+/// for a batch of six (BENCHMARKS.md, round 10).
 #[tokio::test]
 async fn batches_of_new_charges_are_planned_once_per_connection() {
     let database = migrated_database().await;
