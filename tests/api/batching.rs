@@ -296,6 +296,21 @@ fn pending(merchant: MerchantId, key: &str, amount: i64) -> PendingCharge {
     }
 }
 
+/// Pending charges of `merchant`, one per key (amounts 100, 200, …),
+/// inserted in one `charges::insert_or_find_many`, in the keys' order.
+async fn created_pending(conn: &Conn, merchant: MerchantId, keys: &[&str]) -> Vec<Charge> {
+    let items: Vec<PendingCharge> = (1..)
+        .zip(keys)
+        .map(|(n, key)| pending(merchant, key, 100 * n))
+        .collect();
+    charges::insert_or_find_many(conn, &items, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|answer| answer.unwrap().0)
+        .collect()
+}
+
 #[tokio::test]
 async fn duplicate_keys_in_one_statement_make_one_charge() {
     let app = spawn_app().await;
@@ -505,18 +520,12 @@ async fn outcomes_in_one_statement_each_record_their_own() {
     let app = spawn_app().await;
     let merchant = merchant_of(&app).await;
     let conn = app.db.conn().await.unwrap();
-    let items = [
-        pending(merchant, "outcome-1", 100),
-        pending(merchant, "outcome-2", 200),
-        pending(merchant, "outcome-3", 300),
-        pending(merchant, "outcome-4", 400),
-    ];
-    let created: Vec<Charge> = charges::insert_or_find_many(&conn, &items, Duration::from_secs(30))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|answer| answer.unwrap().0)
-        .collect();
+    let created = created_pending(
+        &conn,
+        merchant,
+        &["outcome-1", "outcome-2", "outcome-3", "outcome-4"],
+    )
+    .await;
     let [first, second, done, foreign] = <[Charge; 4]>::try_from(created).unwrap();
     let alone = charges::record_outcomes(&conn, &[(done.clone(), succeeded("pay_done"))])
         .await
@@ -617,16 +626,7 @@ async fn a_charge_changed_while_the_batch_waits_for_it_still_takes_its_outcome()
     let app = spawn_app().await;
     let merchant = merchant_of(&app).await;
     let conn = app.db.conn().await.unwrap();
-    let items = [
-        pending(merchant, "waited-1", 100),
-        pending(merchant, "waited-2", 200),
-    ];
-    let created: Vec<Charge> = charges::insert_or_find_many(&conn, &items, Duration::from_secs(30))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|answer| answer.unwrap().0)
-        .collect();
+    let created = created_pending(&conn, merchant, &["waited-1", "waited-2"]).await;
     let [taken, other] = <[Charge; 2]>::try_from(created).unwrap();
 
     let sql = app.sql().await;
@@ -646,16 +646,18 @@ async fn a_charge_changed_while_the_batch_waits_for_it_still_takes_its_outcome()
         let conn = app.db.conn().await.unwrap();
         tokio::spawn(async move { charges::record_outcomes(&conn, &outcomes).await })
     };
-    let waiting = "SELECT count(*) FROM pg_stat_activity \
-                   WHERE datname = current_database() AND wait_event_type = 'Lock'";
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while app.count(waiting).await == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the batch never waited for the lock"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // From another session: `sql`'s open transaction sees one snapshot of
+    // the activity.
+    let waiting = crate::plans::count_reaching(
+        &app.sql().await,
+        "SELECT count(*) FROM pg_stat_activity \
+          WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        &[],
+        1,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(waiting >= 1, "the batch never waited for the lock");
     sql.batch_execute("COMMIT").await.unwrap();
 
     let answers = batch.await.unwrap().unwrap();

@@ -257,8 +257,9 @@ async fn index_scans(
 }
 
 /// The count `sql` answers, once it reaches `at_least` or `patience` has
-/// passed: PostgreSQL's statistics arrive when a backend reports them.
-async fn count_reaching(
+/// passed: PostgreSQL's statistics arrive when a backend reports them, and
+/// another session's waits when it gets there.
+pub(crate) async fn count_reaching(
     client: &tokio_postgres::Client,
     sql: &str,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
