@@ -209,7 +209,7 @@ pub async fn bursts(api: &Api, plan: &Plan, service_pid: u32) -> Result<(Sample,
         counts.rounds += 1;
         let created = answers
             .iter()
-            .filter(|answer| answer.status.is_success() && !answer.replayed)
+            .filter(|answer| answer.is_success() && !answer.replayed)
             .count();
         if created != 1 {
             counts.not_created_once += 1;

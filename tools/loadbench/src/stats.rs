@@ -97,7 +97,7 @@ impl Tally {
 
     pub fn record(&mut self, answer: &Answer) {
         self.latencies.record(answer.latency);
-        *self.statuses.entry(answer.status.as_u16()).or_default() += 1;
+        *self.statuses.entry(answer.status).or_default() += 1;
     }
 
     pub fn merge(&mut self, other: &Tally) -> Result<()> {

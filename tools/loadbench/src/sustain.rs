@@ -126,7 +126,7 @@ pub async fn run(
                 tokio::time::sleep_until(scheduled.into()).await;
                 let request = api.charge(&keys.next_key())?;
                 match http.send(request).await {
-                    Ok(answer) if answer.status.is_success() => {
+                    Ok(answer) if answer.is_success() => {
                         record(scheduled, answer.finished, Outcome::Ok);
                     }
                     Ok(answer) => record(scheduled, answer.finished, Outcome::Status),
