@@ -35,6 +35,8 @@ const REPLAYED: &str = "idempotent-replayed";
 const MAX_HEADERS: usize = 32;
 /// An answer head longer than this is not the service's.
 const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// Nor is a body longer than this (a list page is a few hundred kB at most).
+const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 
 /// One keep-alive HTTP/1.1 connection.
 pub struct Http {
@@ -96,7 +98,7 @@ impl Http {
         self.stream
             .write_all(&request.0)
             .await
-            .context("the request got no answer")?;
+            .context("sending the request")?;
         let head = loop {
             if let Some(head) = parse_head(&self.buffer[..self.filled])? {
                 break head;
@@ -173,6 +175,9 @@ fn parse_head(bytes: &[u8]) -> Result<Option<Head>> {
     }
     // Only 204 and 304 may come without a length and a body.
     let body_length = match (body_length, status) {
+        (Some(length), _) if length > MAX_BODY_BYTES => {
+            bail!("a {status} answer of {length} bytes")
+        }
         (Some(length), _) => length,
         (None, 204 | 304) => 0,
         (None, _) => bail!("a {status} answer without Content-Length"),
@@ -371,6 +376,8 @@ mod tests {
         assert!(parse_head(chunked).is_err());
         let unframed = b"HTTP/1.1 200 OK\r\n\r\n";
         assert!(parse_head(unframed).is_err());
+        let huge = b"HTTP/1.1 200 OK\r\ncontent-length: 99999999999999999\r\n\r\n";
+        assert!(parse_head(huge).is_err());
         let no_content = b"HTTP/1.1 204 No Content\r\n\r\n";
         assert_eq!(
             parse_head(no_content).unwrap().unwrap().length,
