@@ -427,12 +427,7 @@ pub async fn insert_or_find_many(
     lease: Duration,
 ) -> Result<Vec<Option<(Charge, bool)>>, DbError> {
     // Distinct keys, sorted: the order every batch takes the index in.
-    let mut first_of_key: BTreeMap<(MerchantId, &str), usize> = BTreeMap::new();
-    for (index, item) in items.iter().enumerate() {
-        first_of_key
-            .entry((item.merchant, item.key.as_str()))
-            .or_insert(index);
-    }
+    let first_of_key = first_by_key(items, |item| (item.merchant, item.key.as_str()));
     let sent: Vec<&PendingCharge> = first_of_key.values().map(|&index| &items[index]).collect();
     let ids: Vec<&Uuid> = sent.iter().map(|item| item.id.as_uuid()).collect();
     let merchants: Vec<&Uuid> = sent.iter().map(|item| item.merchant.as_uuid()).collect();
@@ -650,14 +645,10 @@ pub async fn record_outcomes(
     }
     // Each charge once, with its first outcome, in id order as every
     // batch: two batches that share charges lock them in one order.
-    let mut first_of_charge: BTreeMap<(ChargeId, MerchantId), &(Charge, Outcome)> = BTreeMap::new();
-    for item in items {
-        let (charge, _) = item;
-        first_of_charge
-            .entry((charge.id, charge.merchant_id))
-            .or_insert(item);
-    }
-    let sent: Vec<&(Charge, Outcome)> = first_of_charge.into_values().collect();
+    let sent: Vec<&(Charge, Outcome)> = first_by_key(items, |(charge, _)| charge.id)
+        .into_values()
+        .map(|index| &items[index])
+        .collect();
     let mut ids = Vec::with_capacity(sent.len());
     let mut merchants = Vec::with_capacity(sent.len());
     let mut statuses = Vec::with_capacity(sent.len());
@@ -709,6 +700,16 @@ pub async fn record_outcomes(
         .iter()
         .map(|(charge, _)| recorded.remove(&charge.id))
         .collect())
+}
+
+/// The index of each key's first item, by key: a batch's distinct keys in
+/// the order every batch locks them in.
+fn first_by_key<'a, T, K: Ord>(items: &'a [T], key: impl Fn(&'a T) -> K) -> BTreeMap<K, usize> {
+    let mut first = BTreeMap::new();
+    for (index, item) in items.iter().enumerate() {
+        first.entry(key(item)).or_insert(index);
+    }
+    first
 }
 
 async fn record_outcome(
