@@ -58,10 +58,11 @@ use clap::Parser;
 use crate::capture::Capture;
 use crate::database::{BenchDatabase, Checkpointer};
 use crate::http::Api;
-use crate::pgbench::Pgbench;
+use crate::pgbench::{Pgbench, PgbenchRun};
 use crate::report::{Report, Row};
 use crate::scenario::Workload;
 use crate::service::ServiceBinary;
+use crate::stats::Sample;
 
 /// Measures chargeonce against pgbench running its own SQL and a fixed
 /// floor. Normally run through scripts/bench, which also provides the
@@ -102,6 +103,7 @@ struct Args {
 }
 
 /// How long and how wide each step runs.
+#[derive(Clone)]
 pub struct Plan {
     pub quick: bool,
     pub connections: &'static [usize],
@@ -110,7 +112,19 @@ pub struct Plan {
     /// Charges created beforehand whose keys replays re-send; the floor's
     /// lookup table has as many rows.
     pub pool_size: usize,
+    /// Which of a point's interleaved rounds this is (`Plan::rounds`):
+    /// part of the keys and pgbench's run names, so that a later round
+    /// never re-sends an earlier round's "new" keys.
+    pub round: usize,
 }
+
+/// Rounds a point at one client is measured in (full runs): the service,
+/// its own SQL and the floor take turns, each `measure / ROUNDS_AT_ONE`
+/// at a time. At one client a round trip is mostly one core waking the
+/// other, and where the scheduler puts the two threads moves a run by
+/// ±12 % (BENCHMARKS.md, round 12); taking turns gives every side the
+/// machine's good and bad seconds alike.
+const ROUNDS_AT_ONE: usize = 5;
 
 impl Plan {
     fn new(quick: bool) -> Self {
@@ -121,6 +135,7 @@ impl Plan {
                 warmup: Duration::from_millis(300),
                 measure: Duration::from_secs(1),
                 pool_size: 2_000,
+                round: 0,
             }
         } else {
             Self {
@@ -129,7 +144,34 @@ impl Plan {
                 warmup: Duration::from_secs(2),
                 measure: Duration::from_secs(10),
                 pool_size: 20_000,
+                round: 0,
             }
+        }
+    }
+
+    /// How many interleaved rounds a point at `connections` clients is
+    /// measured in: `ROUNDS_AT_ONE` at one client in a full run, else one.
+    fn rounds(&self, connections: usize) -> usize {
+        if connections == 1 && !self.quick {
+            ROUNDS_AT_ONE
+        } else {
+            1
+        }
+    }
+
+    /// The plan of round `round` of `rounds`: an equal share of the
+    /// measured time, and the warm-up only before the first round.
+    fn round(&self, round: usize, rounds: usize) -> Plan {
+        let rounds = u32::try_from(rounds.max(1)).unwrap_or(u32::MAX);
+        Plan {
+            warmup: if round == 0 {
+                self.warmup
+            } else {
+                Duration::ZERO
+            },
+            measure: self.measure / rounds,
+            round,
+            ..self.clone()
         }
     }
 }
@@ -397,18 +439,35 @@ async fn measure(
             .await?;
         }
         for &connections in plan.connections {
-            checkpoint.run().await?;
-            let sample =
-                scenario::closed_loop(&api, workload, connections, plan, service.pid()).await;
-            let sample = or_explain(sample, binary, &mut service, out_dir).await?;
-            checkpoint.run().await?;
-            let own = pgbench
-                .run(&pgbench.own_sql, workload, connections, plan, service.pid())
-                .await?;
-            checkpoint.run().await?;
-            let floor = pgbench
-                .run(&pgbench.floor, workload, connections, plan, service.pid())
-                .await?;
+            let rounds = plan.rounds(connections);
+            let mut point: Option<(Sample, PgbenchRun, PgbenchRun)> = None;
+            for round in 0..rounds {
+                let plan = &plan.round(round, rounds);
+                checkpoint.run().await?;
+                let sample =
+                    scenario::closed_loop(&api, workload, connections, plan, service.pid()).await;
+                let sample = or_explain(sample, binary, &mut service, out_dir).await?;
+                checkpoint.run().await?;
+                let own = pgbench
+                    .run(&pgbench.own_sql, workload, connections, plan, service.pid())
+                    .await?;
+                checkpoint.run().await?;
+                let floor = pgbench
+                    .run(&pgbench.floor, workload, connections, plan, service.pid())
+                    .await?;
+                point = Some(match point {
+                    None => (sample, own, floor),
+                    Some((mut all, mut all_own, mut all_floor)) => {
+                        all.merge(&sample)?;
+                        all_own.merge(&own)?;
+                        all_floor.merge(&floor)?;
+                        (all, all_own, all_floor)
+                    }
+                });
+            }
+            let Some((sample, own, floor)) = point else {
+                bail!("no round measured at {connections} clients");
+            };
             say(format!(
                 "{} x {connections}: {:.0} req/s, p99 {:.2} ms, over 100 ms {}, non-2xx {}; \
                  own SQL {:.0} TPS, floor {:.0} TPS (over 100 ms {})",

@@ -95,7 +95,8 @@ fn file_name(path: &Path) -> String {
     )
 }
 
-/// What one measured pgbench run gave.
+/// What one measured pgbench run gave (or several rounds of one point,
+/// merged).
 pub struct PgbenchRun {
     pub tps: f64,
     /// pgbench's mean latency per script run.
@@ -107,6 +108,54 @@ pub struct PgbenchRun {
     pub slow: u64,
     /// Share of all cores busy during the run (pgbench itself included).
     pub cpu_busy: f64,
+    /// The measured time, and every logged transaction's latency: what
+    /// merging needs.
+    seconds: f64,
+    latencies: Latencies,
+}
+
+impl PgbenchRun {
+    fn new(tps: f64, mean_ms: f64, cpu_busy: f64, seconds: f64, latencies: Latencies) -> Self {
+        Self {
+            tps,
+            mean_ms,
+            p99_ms: latencies.percentile_ms(0.99),
+            max_ms: latencies.max_ms(),
+            slow: latencies.slow(),
+            cpu_busy,
+            seconds,
+            latencies,
+        }
+    }
+
+    /// Adds a later round of the same point: throughput over the whole
+    /// time, the mean latency weighted by transactions, the percentiles of
+    /// all transactions, the CPU weighted by time.
+    pub fn merge(&mut self, other: &PgbenchRun) -> Result<()> {
+        let seconds = self.seconds + other.seconds;
+        let (mine, theirs) = (self.tps * self.seconds, other.tps * other.seconds);
+        let mut latencies = self.latencies.clone();
+        latencies.merge(&other.latencies)?;
+        let weighted = |a: f64, b: f64, wa: f64, wb: f64| {
+            if wa + wb > 0.0 {
+                (a * wa + b * wb) / (wa + wb)
+            } else {
+                0.0
+            }
+        };
+        *self = PgbenchRun::new(
+            if seconds > 0.0 {
+                (mine + theirs) / seconds
+            } else {
+                0.0
+            },
+            weighted(self.mean_ms, other.mean_ms, mine, theirs),
+            weighted(self.cpu_busy, other.cpu_busy, self.seconds, other.seconds),
+            seconds,
+            latencies,
+        );
+        Ok(())
+    }
 }
 
 pub struct Pgbench {
@@ -224,7 +273,7 @@ impl Pgbench {
         plan: &Plan,
         service_pid: u32,
     ) -> Result<PgbenchRun> {
-        let run = format!("{}-{clients}", workload.name());
+        let run = format!("{}-{clients}-{}", workload.name(), plan.round);
         let mut args = vec![
             "-c".to_owned(),
             clients.to_string(),
@@ -235,7 +284,7 @@ impl Pgbench {
         args.extend(set.variable_args(&run));
         // -T takes whole seconds.
         let seconds = |duration: std::time::Duration| duration.as_secs().max(1).to_string();
-        if !plan.quick {
+        if !plan.quick && !plan.warmup.is_zero() {
             let mut warmup = args.clone();
             warmup.extend(["-T".to_owned(), seconds(plan.warmup)]);
             self.pgbench(warmup).await?;
@@ -255,14 +304,14 @@ impl Pgbench {
         let cpu = CpuShare::between(&start, &CpuClock::read(service_pid)?);
         let latencies = logged_latencies(&self.log_dir)?;
         let (tps, mean_ms) = summary(&stdout)?;
-        Ok(PgbenchRun {
+        Ok(PgbenchRun::new(
             tps,
             mean_ms,
-            p99_ms: latencies.percentile_ms(0.99),
-            max_ms: latencies.max_ms(),
-            slow: latencies.slow(),
-            cpu_busy: cpu.busy,
-        })
+            cpu.busy,
+            // What -T was given.
+            plan.measure.as_secs().max(1) as f64,
+            latencies,
+        ))
     }
 
     /// Runs each script a few times and checks its effect: a new charge
@@ -450,5 +499,28 @@ mod tests {
              mix: -f floor-new.sql@90 -f floor-replay.sql@10) BENCH_DATABASE"
         );
         assert_eq!(shell_quote("payload={\"a\": 1}"), "'payload={\"a\": 1}'");
+    }
+
+    #[test]
+    fn rounds_merge_into_one_point() {
+        let run = |tps: f64, mean_ms: f64, cpu: f64, micros: &[u64]| {
+            let mut latencies = Latencies::new().unwrap();
+            for &us in micros {
+                latencies.record_us(us);
+            }
+            PgbenchRun::new(tps, mean_ms, cpu, 2.0, latencies)
+        };
+        let mut point = run(1_000.0, 1.0, 30.0, &[1_000, 2_000]);
+        point
+            .merge(&run(3_000.0, 0.2, 50.0, &[500, 150_000]))
+            .unwrap();
+        // 2,000 and 6,000 transactions in 4 s.
+        assert!((point.tps - 2_000.0).abs() < 1e-9);
+        // Weighted by transactions: (2,000 × 1.0 + 6,000 × 0.2) / 8,000.
+        assert!((point.mean_ms - 0.4).abs() < 1e-9);
+        assert!((point.cpu_busy - 40.0).abs() < 1e-9);
+        assert_eq!(point.slow, 1);
+        assert!((point.max_ms - 150.0).abs() < 0.2);
+        assert_eq!(point.seconds, 4.0);
     }
 }

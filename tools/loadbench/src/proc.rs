@@ -81,6 +81,27 @@ impl CpuShare {
         }
     }
 
+    /// The mean of `shares`, each weighted by its interval's length.
+    pub fn weighted(shares: &[(CpuShare, f64)]) -> Self {
+        let total: f64 = shares.iter().map(|(_, weight)| weight).sum();
+        let mean = |field: fn(&CpuShare) -> f64| {
+            if total > 0.0 {
+                shares
+                    .iter()
+                    .map(|(s, weight)| field(s) * weight)
+                    .sum::<f64>()
+                    / total
+            } else {
+                0.0
+            }
+        };
+        Self {
+            busy: mean(|s| s.busy),
+            service: mean(|s| s.service),
+            generator: mean(|s| s.generator),
+        }
+    }
+
     /// PostgreSQL, the kernel and anything else.
     pub fn rest(&self) -> f64 {
         (self.busy - self.service - self.generator).max(0.0)

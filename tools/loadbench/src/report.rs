@@ -183,13 +183,22 @@ impl Report {
              default configuration, simulated processor with 0 ms latency. Load generator: \
              one thread, one keep-alive HTTP/1.1 connection per client. Each point: \
              {:.1} s warm-up, then {:.0} s measured; then pgbench with the service's own SQL, \
-             then pgbench with the floor, likewise, at the same client count.\n",
+             then pgbench with the floor, likewise, at the same client count.{}\n",
             m.cores,
             m.cpu,
             m.postgres,
             m.settings,
             plan.warmup.as_secs_f64(),
-            plan.measure.as_secs_f64()
+            plan.measure.as_secs_f64(),
+            match plan.rounds(1) {
+                1 => String::new(),
+                rounds => format!(
+                    " At one client the three take turns in {rounds} rounds of {:.0} s each \
+                     (the warm-ups before the first): a round trip there is mostly one core \
+                     waking the other, which varies with where the scheduler puts the threads.",
+                    plan.measure.as_secs_f64() / rounds as f64
+                ),
+            }
         );
 
         self.main_table(&mut md);

@@ -67,13 +67,16 @@ pub struct Keys {
 }
 
 impl Keys {
-    pub fn new(workload: Workload, connections: usize, client: usize, pool_size: usize) -> Self {
+    /// The keys of `client` of `connections` in `plan`'s round: the same
+    /// every run, and no round's fresh keys the same as another's.
+    pub fn new(workload: Workload, connections: usize, client: usize, plan: &Plan) -> Self {
+        let round = plan.round;
         Self {
             workload,
-            prefix: format!("{}-{connections}-{client}", workload.name()),
+            prefix: format!("{}-{connections}-{client}-{round}", workload.name()),
             next: 0,
-            pool_size,
-            rng: StdRng::seed_from_u64((connections * 1000 + client) as u64),
+            pool_size: plan.pool_size,
+            rng: StdRng::seed_from_u64(((round * 1_000 + connections) * 1_000 + client) as u64),
         }
     }
 
@@ -104,7 +107,7 @@ pub async fn closed_loop(
     let measured_from = Instant::now() + plan.warmup;
     let until = measured_from + plan.measure;
     let runs = clients.into_iter().enumerate().map(|(client, http)| {
-        let keys = Keys::new(workload, connections, client, plan.pool_size);
+        let keys = Keys::new(workload, connections, client, plan);
         client_loop(api, http, keys, measured_from, until)
     });
     let (results, cpu) = tokio::join!(
@@ -237,26 +240,55 @@ pub async fn bursts(api: &Api, plan: &Plan, service_pid: u32) -> Result<(Sample,
 mod tests {
     use super::*;
 
+    fn plan(round: usize) -> Plan {
+        Plan {
+            pool_size: 100,
+            round,
+            ..Plan::new(true)
+        }
+    }
+
     #[test]
     fn keys_are_fresh_pooled_or_mixed_and_the_same_every_run() {
-        let mut new = Keys::new(Workload::New, 32, 3, 100);
-        assert_eq!(new.next_key(), "new-32-3-1");
-        assert_eq!(new.next_key(), "new-32-3-2");
+        let mut new = Keys::new(Workload::New, 32, 3, &plan(0));
+        assert_eq!(new.next_key(), "new-32-3-0-1");
+        assert_eq!(new.next_key(), "new-32-3-0-2");
 
-        let mut replay = Keys::new(Workload::Replay, 32, 3, 100);
+        let mut replay = Keys::new(Workload::Replay, 32, 3, &plan(0));
         for _ in 0..100 {
             let key = replay.next_key();
             let index: usize = key.strip_prefix(POOL_KEY_PREFIX).unwrap().parse().unwrap();
             assert!(index < 100);
         }
 
-        let draw = || {
-            let mut mix = Keys::new(Workload::Mix, 1, 0, 100);
+        let draw = |round| {
+            let mut mix = Keys::new(Workload::Mix, 1, 0, &plan(round));
             (0..1000).map(|_| mix.next_key()).collect::<Vec<_>>()
         };
-        let keys = draw();
-        assert_eq!(keys, draw());
+        let keys = draw(0);
+        assert_eq!(keys, draw(0));
         let fresh = keys.iter().filter(|k| k.starts_with("mix-")).count();
         assert!((850..950).contains(&fresh), "{fresh} of 1000 new");
+    }
+
+    #[test]
+    fn a_later_round_sends_none_of_an_earlier_rounds_new_keys() {
+        let draw = |workload, round| {
+            let mut keys = Keys::new(workload, 1, 0, &plan(round));
+            (0..1000).map(|_| keys.next_key()).collect::<Vec<_>>()
+        };
+        for workload in [Workload::New, Workload::Mix] {
+            let first = draw(workload, 0);
+            let fresh = |key: &&String| !key.starts_with(POOL_KEY_PREFIX);
+            for round in 1..5 {
+                let later = draw(workload, round);
+                assert!(
+                    later.iter().filter(fresh).all(|key| !first.contains(key)),
+                    "round {round} of {workload:?} repeats a new key of round 0"
+                );
+            }
+        }
+        // Replays draw other pool keys each round, from the same pool.
+        assert_ne!(draw(Workload::Replay, 0), draw(Workload::Replay, 1));
     }
 }

@@ -163,6 +163,21 @@ impl Sample {
             0.0
         }
     }
+
+    /// Adds a later round of the same point: its answers, its time, and
+    /// the CPU shares weighted by time.
+    pub fn merge(&mut self, other: &Sample) -> Result<()> {
+        self.tally.merge(&other.tally)?;
+        self.cpu = match (self.cpu, other.cpu) {
+            (Some(mine), Some(theirs)) => Some(CpuShare::weighted(&[
+                (mine, self.seconds),
+                (theirs, other.seconds),
+            ])),
+            (mine, theirs) => mine.or(theirs),
+        };
+        self.seconds += other.seconds;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -194,5 +209,33 @@ mod tests {
         assert_eq!(first.count(), 2);
         assert_eq!(first.slow(), 1);
         assert!(Latencies::new().unwrap().percentile_ms(0.99).is_nan());
+    }
+
+    #[test]
+    fn samples_of_rounds_add_their_answers_and_time() {
+        let sample = |micros: u64, answers: u64, seconds: f64, busy: f64| {
+            let mut tally = Tally::new().unwrap();
+            for _ in 0..answers {
+                tally.latencies.record_us(micros);
+            }
+            let cpu = CpuShare {
+                busy,
+                service: busy / 2.0,
+                generator: 1.0,
+            };
+            Sample {
+                tally,
+                seconds,
+                cpu: Some(cpu),
+            }
+        };
+        let mut point = sample(100, 3_000, 1.0, 30.0);
+        point.merge(&sample(200, 1_000, 3.0, 50.0)).unwrap();
+        assert_eq!(point.tally.latencies.count(), 4_000);
+        assert!((point.rps() - 1_000.0).abs() < 1e-9);
+        let cpu = point.cpu.unwrap();
+        assert!((cpu.busy - 45.0).abs() < 1e-9);
+        assert!((cpu.service - 22.5).abs() < 1e-9);
+        assert!((cpu.generator - 1.0).abs() < 1e-9);
     }
 }

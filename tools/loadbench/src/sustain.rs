@@ -118,7 +118,7 @@ pub async fn run(
     let clients = (0..CONNECTIONS).map(|client| {
         let record = &record;
         async move {
-            let mut keys = Keys::new(Workload::Mix, CONNECTIONS, client, plan.pool_size);
+            let mut keys = Keys::new(Workload::Mix, CONNECTIONS, client, plan);
             let mut http = Http::connect(api.addr).await?;
             let offset = interval.mul_f64(client as f64 / CONNECTIONS as f64);
             let mut scheduled = start + offset;
