@@ -161,7 +161,7 @@ impl Plan {
 
     /// The plan of round `round` of `rounds`: an equal share of the
     /// measured time, and the warm-up only before the first round.
-    fn round(&self, round: usize, rounds: usize) -> Plan {
+    fn for_round(&self, round: usize, rounds: usize) -> Plan {
         let rounds = u32::try_from(rounds.max(1)).unwrap_or(u32::MAX);
         Plan {
             warmup: if round == 0 {
@@ -442,7 +442,7 @@ async fn measure(
             let rounds = plan.rounds(connections);
             let mut point: Option<(Sample, PgbenchRun, PgbenchRun)> = None;
             for round in 0..rounds {
-                let plan = &plan.round(round, rounds);
+                let plan = &plan.for_round(round, rounds);
                 checkpoint.run().await?;
                 let sample =
                     scenario::closed_loop(&api, workload, connections, plan, service.pid()).await;
