@@ -118,13 +118,14 @@ pub struct Plan {
     pub round: usize,
 }
 
-/// Rounds a point at one client is measured in (full runs): the service,
-/// its own SQL and the floor take turns, each `measure / ROUNDS_AT_ONE`
-/// at a time. At one client a round trip is mostly one core waking the
-/// other, and where the scheduler puts the two threads moves a run by
-/// ±12 % (BENCHMARKS.md, round 12); taking turns gives every side the
-/// machine's good and bad seconds alike.
-const ROUNDS_AT_ONE: usize = 5;
+/// Rounds each point of a full run is measured in: the service, its own
+/// SQL and the floor take turns, each `measure / ROUNDS` at a time. This
+/// machine's throughput swings within minutes (the floor made 6,049 and
+/// 4,013 new charges/s at 32 clients ten minutes apart), and at one client
+/// where the scheduler puts the two threads moves a run by ±12 %
+/// (BENCHMARKS.md, round 12); taking turns gives every side the machine's
+/// good and bad seconds alike.
+const ROUNDS: usize = 5;
 
 impl Plan {
     fn new(quick: bool) -> Self {
@@ -149,13 +150,13 @@ impl Plan {
         }
     }
 
-    /// How many interleaved rounds a point at `connections` clients is
-    /// measured in: `ROUNDS_AT_ONE` at one client in a full run, else one.
-    fn rounds(&self, connections: usize) -> usize {
-        if connections == 1 && !self.quick {
-            ROUNDS_AT_ONE
-        } else {
+    /// How many interleaved rounds each point is measured in: `ROUNDS` in
+    /// a full run, one in a quick run.
+    fn rounds(&self) -> usize {
+        if self.quick {
             1
+        } else {
+            ROUNDS
         }
     }
 
@@ -439,7 +440,7 @@ async fn measure(
             .await?;
         }
         for &connections in plan.connections {
-            let rounds = plan.rounds(connections);
+            let rounds = plan.rounds();
             let mut point: Option<(Sample, PgbenchRun, PgbenchRun)> = None;
             for round in 0..rounds {
                 let plan = &plan.for_round(round, rounds);

@@ -190,12 +190,13 @@ impl Report {
             m.settings,
             plan.warmup.as_secs_f64(),
             plan.measure.as_secs_f64(),
-            match plan.rounds(1) {
+            match plan.rounds() {
                 1 => String::new(),
                 rounds => format!(
-                    " At one client the three take turns in {rounds} rounds of {:.0} s each \
-                     (the warm-ups before the first): a round trip there is mostly one core \
-                     waking the other, which varies with where the scheduler puts the threads.",
+                    " The three take turns in {rounds} rounds of {:.0} s each (the warm-ups \
+                     before the first), and each side's rounds are added up: the machine's \
+                     speed swings within minutes, and taking turns gives each side the good and \
+                     the bad seconds alike.",
                     plan.measure.as_secs_f64() / rounds as f64
                 ),
             }
