@@ -112,7 +112,10 @@ pub struct Plan {
     /// Charges created beforehand whose keys replays re-send; the floor's
     /// lookup table has as many rows.
     pub pool_size: usize,
-    /// Which of a point's interleaved rounds this is (`Plan::rounds`):
+    /// How many interleaved rounds each point is measured in (`ROUNDS` in
+    /// a full run, one in a quick run).
+    pub rounds: usize,
+    /// Which of a point's interleaved rounds this is:
     /// part of the keys and pgbench's run names, so that a later round
     /// never re-sends an earlier round's "new" keys.
     pub round: usize,
@@ -136,6 +139,7 @@ impl Plan {
                 warmup: Duration::from_millis(300),
                 measure: Duration::from_secs(1),
                 pool_size: 2_000,
+                rounds: 1,
                 round: 0,
             }
         } else {
@@ -145,25 +149,16 @@ impl Plan {
                 warmup: Duration::from_secs(2),
                 measure: Duration::from_secs(10),
                 pool_size: 20_000,
+                rounds: ROUNDS,
                 round: 0,
             }
         }
     }
 
-    /// How many interleaved rounds each point is measured in: `ROUNDS` in
-    /// a full run, one in a quick run.
-    fn rounds(&self) -> usize {
-        if self.quick {
-            1
-        } else {
-            ROUNDS
-        }
-    }
-
-    /// The plan of round `round` of `rounds`: an equal share of the
+    /// The plan of round `round` of `self.rounds`: an equal share of the
     /// measured time, and the warm-up only before the first round.
-    fn for_round(&self, round: usize, rounds: usize) -> Plan {
-        let rounds = u32::try_from(rounds.max(1)).unwrap_or(u32::MAX);
+    fn for_round(&self, round: usize) -> Plan {
+        let rounds = u32::try_from(self.rounds.max(1)).unwrap_or(u32::MAX);
         Plan {
             warmup: if round == 0 {
                 self.warmup
@@ -440,10 +435,9 @@ async fn measure(
             .await?;
         }
         for &connections in plan.connections {
-            let rounds = plan.rounds();
             let mut point: Option<(Sample, PgbenchRun, PgbenchRun)> = None;
-            for round in 0..rounds {
-                let plan = &plan.for_round(round, rounds);
+            for round in 0..plan.rounds {
+                let plan = &plan.for_round(round);
                 checkpoint.run().await?;
                 let sample =
                     scenario::closed_loop(&api, workload, connections, plan, service.pid()).await;

@@ -190,7 +190,7 @@ impl Report {
             m.settings,
             plan.warmup.as_secs_f64(),
             plan.measure.as_secs_f64(),
-            match plan.rounds() {
+            match plan.rounds {
                 1 => String::new(),
                 rounds => format!(
                     " The three take turns in {rounds} rounds of {:.0} s each (the warm-ups \
