@@ -1,17 +1,26 @@
 //! Micro-benchmarks of the pure functions every charge request runs: the
-//! request fingerprint, parsing and validating the body, and rendering the
-//! charge as JSON for the answer. The load benchmark (scripts/bench) says
-//! how the whole service compares with PostgreSQL; these say which of our
-//! own steps got slower, without a database or a network in the way.
+//! request fingerprint, parsing and validating the body, rendering the
+//! charge as JSON for the answer, and the replay cache (every new charge
+//! looks its key up and puts its final answer in). The load benchmark
+//! (scripts/bench) says how the whole service compares with PostgreSQL;
+//! these say which of our own steps got slower, without a database or a
+//! network in the way.
 //!
 //! `cargo bench --bench hot_paths` measures (criterion compares with the
 //! previous run kept in target/criterion); under `cargo test` each function
 //! runs once, as a test that it still works.
 
+// A benchmark that cannot build its input may stop there.
+#![allow(clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::hint::black_box;
+use std::time::Duration;
 
-use chargeonce::domain::{Charge, ChargeId, Fingerprint, MerchantId, NewCharge, Status};
+use chargeonce::domain::{
+    Charge, ChargeId, Fingerprint, IdempotencyKey, MerchantId, NewCharge, Status,
+};
+use chargeonce::service::replay_cache::ReplayCache;
 use chrono::Utc;
 use criterion::{criterion_group, criterion_main, Criterion};
 use serde_json::{json, Value};
@@ -96,5 +105,38 @@ fn render(c: &mut Criterion) {
     });
 }
 
-criterion_group!(hot_paths, fingerprint, parse, render);
+/// The cache as a busy service has it: full at the default bound (32 MiB),
+/// so each new answer pushes an old one out.
+fn replay_cache(c: &mut Criterion) {
+    const DEFAULT_BYTES: u64 = 32 * 1024 * 1024;
+    const DAY: Duration = Duration::from_secs(86_400);
+    let cache = ReplayCache::new(DEFAULT_BYTES, DAY);
+    let merchant = MerchantId::new();
+    let key = |n: u64| IdempotencyKey::parse(&format!("order-{n}")).expect("a valid key");
+    let answer = charge();
+    // About 25,000 fit; 40,000 make sure it is full.
+    let mut next = 0;
+    while next < 40_000 {
+        cache.remember(merchant, &key(next), &answer);
+        next += 1;
+    }
+    let mut group = c.benchmark_group("ReplayCache");
+    group.bench_function("remember a new answer in a full cache", |b| {
+        b.iter(|| {
+            next += 1;
+            cache.remember(merchant, &key(next), black_box(&answer))
+        })
+    });
+    let recent = key(next);
+    assert!(
+        cache.get(merchant, &recent).is_some(),
+        "the newest answer is kept"
+    );
+    group.bench_function("get a kept answer", |b| {
+        b.iter(|| cache.get(merchant, black_box(&recent)))
+    });
+    group.finish();
+}
+
+criterion_group!(hot_paths, fingerprint, parse, render, replay_cache);
 criterion_main!(hot_paths);
