@@ -1,4 +1,4 @@
-//! Micro-benchmarks of the pure functions every charge request runs: the
+//! Micro-benchmarks of the steps every charge request runs in memory: the
 //! request fingerprint, parsing and validating the body, rendering the
 //! charge as JSON for the answer, and the replay cache (every new charge
 //! looks its key up and puts its final answer in). The load benchmark
@@ -114,7 +114,8 @@ fn replay_cache(c: &mut Criterion) {
     let merchant = MerchantId::new();
     let key = |n: u64| IdempotencyKey::parse(&format!("order-{n}")).expect("a valid key");
     let answer = charge();
-    // About 25,000 fit; 40,000 make sure it is full.
+    // At most about 25,000 of these answers fit; 40,000 make sure it is
+    // full. Each measured insert also formats its key (well under 0.1 µs).
     let mut next = 0;
     while next < 40_000 {
         cache.remember(merchant, &key(next), &answer);
