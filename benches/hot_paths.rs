@@ -13,10 +13,11 @@
 // A benchmark that cannot build its input may stop there.
 #![allow(clippy::expect_used)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hint::black_box;
-use std::time::Duration;
+use std::path::Path;
 
+use chargeonce::config::Settings;
 use chargeonce::domain::{
     Charge, ChargeId, Fingerprint, IdempotencyKey, MerchantId, NewCharge, Status,
 };
@@ -105,21 +106,23 @@ fn render(c: &mut Criterion) {
     });
 }
 
-/// The cache as a busy service has it: full at the default bound (32 MiB),
-/// so each new answer pushes an old one out.
+/// The cache as a busy service has it: built from the shipped defaults
+/// (32 MiB, the key's retention) and full, so each new answer pushes an
+/// old one out.
 fn replay_cache(c: &mut Criterion) {
-    const DEFAULT_BYTES: u64 = 32 * 1024 * 1024;
-    const DAY: Duration = Duration::from_secs(86_400);
-    let cache = ReplayCache::new(DEFAULT_BYTES, DAY);
+    // No config folder, no variables: the defaults embedded in the binary.
+    let defaults = Settings::load_from(Path::new("/nonexistent"), &HashMap::new())
+        .expect("the embedded defaults load")
+        .idempotency;
+    let cache = ReplayCache::new(defaults.replay_cache_bytes, defaults.retention());
     let merchant = MerchantId::new();
     let key = |n: u64| IdempotencyKey::parse(&format!("order-{n}")).expect("a valid key");
     let answer = charge();
     // At most about 25,000 of these answers fit; 40,000 make sure it is
     // full. Each measured insert also formats its key (well under 0.1 µs).
-    let mut next = 0;
-    while next < 40_000 {
-        cache.remember(merchant, &key(next), &answer);
-        next += 1;
+    let mut next = 40_000;
+    for n in 0..next {
+        cache.remember(merchant, &key(n), &answer);
     }
     let mut group = c.benchmark_group("ReplayCache");
     group.bench_function("remember a new answer in a full cache", |b| {
