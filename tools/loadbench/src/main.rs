@@ -436,6 +436,7 @@ async fn measure(
         }
         for &connections in plan.connections {
             let mut point: Option<(Sample, PgbenchRun, PgbenchRun)> = None;
+            let mut floor_ratio_by_round = Vec::with_capacity(plan.rounds);
             for round in 0..plan.rounds {
                 let plan = &plan.for_round(round);
                 checkpoint.run().await?;
@@ -450,6 +451,9 @@ async fn measure(
                 let floor = pgbench
                     .run(&pgbench.floor, workload, connections, plan, service.pid())
                     .await?;
+                if floor.tps > 0.0 {
+                    floor_ratio_by_round.push(sample.rps() / floor.tps);
+                }
                 point = Some(match point {
                     None => (sample, own, floor),
                     Some((mut all, mut all_own, mut all_floor)) => {
@@ -481,6 +485,7 @@ async fn measure(
                 sample,
                 own: Some(own),
                 floor: Some(floor),
+                floor_ratio_by_round,
             });
         }
     }
@@ -501,6 +506,7 @@ async fn measure(
         sample,
         own: None,
         floor: None,
+        floor_ratio_by_round: Vec::new(),
     });
 
     // Peak memory, after everything.

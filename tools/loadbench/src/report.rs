@@ -24,6 +24,9 @@ pub struct Row {
     pub sample: Sample,
     pub own: Option<PgbenchRun>,
     pub floor: Option<PgbenchRun>,
+    /// Service ÷ floor in each interleaved round, in order: how far the
+    /// ratio swings from one round to the next on this machine.
+    pub floor_ratio_by_round: Vec<f64>,
 }
 
 impl Row {
@@ -39,6 +42,33 @@ impl Row {
 
     pub fn ratio_floor(&self) -> Option<f64> {
         self.ratio(self.floor.as_ref())
+    }
+
+    /// The lowest and the highest service ÷ floor of the point's rounds,
+    /// when it had more than one.
+    pub fn floor_ratio_spread(&self) -> Option<(f64, f64)> {
+        let rounds = &self.floor_ratio_by_round;
+        (rounds.len() > 1).then(|| {
+            rounds
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(low, high), &r| {
+                    (low.min(r), high.max(r))
+                })
+        })
+    }
+
+    /// Service ÷ floor, and the spread of its rounds if there were several.
+    fn floor_ratio_text(&self) -> String {
+        ratio_with_spread(self.ratio_floor(), self.floor_ratio_spread())
+    }
+}
+
+/// `0.97 (rounds 0.88–1.10)`: a ratio over all rounds, then its lowest and
+/// highest round; a ratio alone when there was one round.
+fn ratio_with_spread(ratio: Option<f64>, spread: Option<(f64, f64)>) -> String {
+    match (ratio, spread) {
+        (Some(ratio), Some((low, high))) => format!("{ratio:.2} (rounds {low:.2}–{high:.2})"),
+        (ratio, _) => number(ratio, 2),
     }
 }
 
@@ -92,10 +122,14 @@ impl Report {
     pub fn targets(&self) -> Vec<Target> {
         let mut targets = Vec::new();
         let mut floor_target = |scenario: &str, connections: usize, min: f64| {
-            let ratio = self.row(scenario, connections).and_then(Row::ratio_floor);
+            let row = self.row(scenario, connections);
+            let ratio = row.and_then(Row::ratio_floor);
             targets.push(Target {
                 name: format!("{scenario} ≥ {min:.1} × floor at {connections}"),
-                measured: ratio.map_or("not measured".to_owned(), |r| format!("{r:.2}")),
+                measured: match row {
+                    Some(row) if ratio.is_some() => row.floor_ratio_text(),
+                    _ => "not measured".to_owned(),
+                },
                 met: ratio.map(|r| r >= min),
             });
         };
@@ -196,7 +230,8 @@ impl Report {
                     " The three take turns in {rounds} rounds of {:.0} s each (the warm-ups \
                      before the first), and each side's rounds are added up: the machine's \
                      speed swings within minutes, and taking turns gives each side the good and \
-                     the bad seconds alike.",
+                     the bad seconds alike. In brackets after service ÷ floor: its lowest and \
+                     highest round, how far one round can fall from the whole.",
                     plan.measure.as_secs_f64() / rounds as f64
                 ),
             }
@@ -256,7 +291,7 @@ impl Report {
                 number(row.own.as_ref().map(|run| run.tps), 0),
                 number(row.floor.as_ref().map(|run| run.tps), 0),
                 number(row.ratio_own(), 2),
-                number(row.ratio_floor(), 2),
+                row.floor_ratio_text(),
             );
         }
     }
@@ -367,5 +402,48 @@ impl Report {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row_of_rounds(ratios: &[f64]) -> Row {
+        Row {
+            scenario: "replay".to_owned(),
+            connections: 1,
+            sample: Sample {
+                tally: crate::stats::Tally::new().unwrap(),
+                seconds: 0.0,
+                cpu: None,
+            },
+            own: None,
+            floor: None,
+            floor_ratio_by_round: ratios.to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_spread_is_the_lowest_and_the_highest_round() {
+        let row = row_of_rounds(&[1.04, 0.88, 1.10, 0.97]);
+        assert_eq!(row.floor_ratio_spread(), Some((0.88, 1.10)));
+        assert_eq!(
+            ratio_with_spread(Some(0.9749), row.floor_ratio_spread()),
+            "0.97 (rounds 0.88–1.10)"
+        );
+    }
+
+    #[test]
+    fn one_round_has_no_spread() {
+        for ratios in [&[][..], &[0.95][..]] {
+            let row = row_of_rounds(ratios);
+            assert_eq!(row.floor_ratio_spread(), None);
+            assert_eq!(
+                ratio_with_spread(Some(0.95), row.floor_ratio_spread()),
+                "0.95"
+            );
+        }
+        assert_eq!(ratio_with_spread(None, Some((0.9, 1.0))), "—");
     }
 }
