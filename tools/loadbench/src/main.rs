@@ -451,9 +451,7 @@ async fn measure(
                 let floor = pgbench
                     .run(&pgbench.floor, workload, connections, plan, service.pid())
                     .await?;
-                if floor.tps > 0.0 {
-                    floor_ratio_by_round.push(sample.rps() / floor.tps);
-                }
+                floor_ratio_by_round.extend(report::ratio(&sample, &floor));
                 point = Some(match point {
                     None => (sample, own, floor),
                     Some((mut all, mut all_own, mut all_floor)) => {

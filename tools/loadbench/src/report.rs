@@ -29,11 +29,14 @@ pub struct Row {
     pub floor_ratio_by_round: Vec<f64>,
 }
 
+/// The service's throughput over a pgbench run's, if the run made any.
+pub fn ratio(sample: &Sample, yardstick: &PgbenchRun) -> Option<f64> {
+    (yardstick.tps > 0.0).then(|| sample.rps() / yardstick.tps)
+}
+
 impl Row {
     fn ratio(&self, yardstick: Option<&PgbenchRun>) -> Option<f64> {
-        yardstick
-            .filter(|run| run.tps > 0.0)
-            .map(|run| self.sample.rps() / run.tps)
+        yardstick.and_then(|run| ratio(&self.sample, run))
     }
 
     pub fn ratio_own(&self) -> Option<f64> {
@@ -126,10 +129,9 @@ impl Report {
             let ratio = row.and_then(Row::ratio_floor);
             targets.push(Target {
                 name: format!("{scenario} ≥ {min:.1} × floor at {connections}"),
-                measured: match row {
-                    Some(row) if ratio.is_some() => row.floor_ratio_text(),
-                    _ => "not measured".to_owned(),
-                },
+                measured: row
+                    .filter(|_| ratio.is_some())
+                    .map_or("not measured".to_owned(), Row::floor_ratio_text),
                 met: ratio.map(|r| r >= min),
             });
         };
