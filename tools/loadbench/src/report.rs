@@ -127,11 +127,13 @@ impl Report {
         let mut floor_target = |scenario: &str, connections: usize, min: f64| {
             let row = self.row(scenario, connections);
             let ratio = row.and_then(Row::ratio_floor);
+            let measured = match (row, ratio) {
+                (Some(row), Some(_)) => row.floor_ratio_text(),
+                _ => "not measured".to_owned(),
+            };
             targets.push(Target {
                 name: format!("{scenario} ≥ {min:.1} × floor at {connections}"),
-                measured: row
-                    .filter(|_| ratio.is_some())
-                    .map_or("not measured".to_owned(), Row::floor_ratio_text),
+                measured,
                 met: ratio.map(|r| r >= min),
             });
         };
