@@ -40,6 +40,7 @@ mod http;
 mod pgbench;
 mod proc;
 mod report;
+mod runs;
 mod scenario;
 mod script;
 mod service;
@@ -90,6 +91,13 @@ struct Args {
     /// The share of the maximum throughput a sustained run offers.
     #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u32).range(1..=100))]
     load_percent: u32,
+
+    /// Full runs to make one after the other, each on a fresh database. With
+    /// more than one, report.md starts with each target judged over all runs
+    /// (the mean and its 95 % confidence interval) and each run's report
+    /// follows; report-K.md keeps run K's alone.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50), conflicts_with = "sustain")]
+    runs: u32,
 
     /// The release `chargeonce` binary to measure [default: `chargeonce`
     /// next to this program, i.e. target/release/chargeonce].
@@ -232,19 +240,46 @@ async fn run(args: Args) -> Result<()> {
         return Ok(());
     }
 
-    // The service and pgbench live inside `measure`: they are killed when
-    // that future ends or is dropped (Ctrl-C), before the database goes.
-    let outcome = tokio::select! {
-        outcome = measure(&plan, &binary, &database, &out_dir) => outcome,
-        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
-    };
-    database.close();
-    let report = outcome?;
+    let runs = usize::try_from(args.runs).unwrap_or(1);
+    let mut database = Some(database);
+    // Each run's report, written when it ends (it says when), and its
+    // targets.
+    let mut each = Vec::with_capacity(runs);
+    let mut targets = Vec::with_capacity(runs);
+    for run in 1..=runs {
+        if runs > 1 {
+            say(format!("run {run} of {runs}"));
+        }
+        // Each run on a fresh database, as a single run has.
+        let database = match database.take() {
+            Some(database) => database,
+            None => BenchDatabase::create(&args.admin_url).await?,
+        };
+        // The service and pgbench live inside `measure`: they are killed
+        // when that future ends or is dropped (Ctrl-C), before the database
+        // goes.
+        let outcome = tokio::select! {
+            outcome = measure(&plan, &binary, &database, &out_dir) => outcome,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        };
+        database.close();
+        let report = outcome?;
+        let markdown = report.markdown(&plan);
+        if runs > 1 {
+            write(&out_dir.join(format!("report-{run}.md")), &markdown)?;
+        }
+        each.push(markdown);
+        targets.push(report.targets());
+    }
 
-    let markdown = report.markdown(&plan);
+    let mut markdown = String::new();
+    if runs > 1 {
+        markdown.push_str(&runs::markdown(&runs::judge(&targets), runs));
+        markdown.push('\n');
+    }
+    markdown.push_str(&each.join("\n"));
     let report_path = out_dir.join("report.md");
-    fs::write(&report_path, &markdown)
-        .with_context(|| format!("writing {}", report_path.display()))?;
+    write(&report_path, &markdown)?;
     println!("{markdown}");
     say(format!(
         "done in {:.0} s; report written to {}",
@@ -252,6 +287,10 @@ async fn run(args: Args) -> Result<()> {
         report_path.display()
     ));
     Ok(())
+}
+
+fn write(path: &Path, text: &str) -> Result<()> {
+    fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 /// The bench database migrated, with its merchant; the merchant's API key.

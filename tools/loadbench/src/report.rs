@@ -94,6 +94,44 @@ pub struct Target {
     pub name: String,
     pub measured: String,
     pub met: Option<bool>,
+    /// For a target on a number (a ratio, a p99, megabytes): the number and
+    /// its bound, which `runs` averages over several runs. None for a target
+    /// that something never happens, and when not measured.
+    pub number: Option<Bounded>,
+}
+
+/// A measured number and the bound a target sets it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bounded {
+    pub value: f64,
+    pub bound: Bound,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Bound {
+    AtLeast(f64),
+    AtMost(f64),
+}
+
+impl Bound {
+    pub fn keeps(self, value: f64) -> bool {
+        match self {
+            Bound::AtLeast(least) => value >= least,
+            Bound::AtMost(most) => value <= most,
+        }
+    }
+}
+
+impl Target {
+    /// A target on a number: met if the number keeps the bound.
+    fn on_number(name: String, measured: String, value: Option<f64>, bound: Bound) -> Self {
+        Target {
+            name,
+            measured,
+            met: value.map(|value| bound.keeps(value)),
+            number: value.map(|value| Bounded { value, bound }),
+        }
+    }
 }
 
 /// Clients at which latency targets apply.
@@ -131,11 +169,12 @@ impl Report {
                 (Some(row), Some(_)) => row.floor_ratio_text(),
                 _ => "not measured".to_owned(),
             };
-            targets.push(Target {
-                name: format!("{scenario} ≥ {min:.1} × floor at {connections}"),
+            targets.push(Target::on_number(
+                format!("{scenario} ≥ {min:.1} × floor at {connections}"),
                 measured,
-                met: ratio.map(|r| r >= min),
-            });
+                ratio,
+                Bound::AtLeast(min),
+            ));
         };
         floor_target("new", 32, NEW_MIN_OF_FLOOR);
         floor_target("new", 64, NEW_MIN_OF_FLOOR);
@@ -152,13 +191,14 @@ impl Report {
             .map_or(String::new(), |run| {
                 format!(" (floor: {:.2} ms)", run.p99_ms)
             });
-        targets.push(Target {
-            name: format!("p99 of new at {TARGET_CONNECTIONS} ≤ {P99_NEW_MAX_MS:.0} ms"),
-            measured: p99.map_or("not measured".to_owned(), |p| {
+        targets.push(Target::on_number(
+            format!("p99 of new at {TARGET_CONNECTIONS} ≤ {P99_NEW_MAX_MS:.0} ms"),
+            p99.map_or("not measured".to_owned(), |p| {
                 format!("{p:.2} ms{floor_p99}")
             }),
-            met: p99.map(|p| p <= P99_NEW_MAX_MS),
-        });
+            p99,
+            Bound::AtMost(P99_NEW_MAX_MS),
+        ));
 
         let at_32: Vec<&Row> = self
             .rows
@@ -188,6 +228,7 @@ impl Report {
                 slow.join(", ")
             },
             met: (!at_32.is_empty()).then(|| at_32.iter().all(|row| row.sample.tally.slow() == 0)),
+            number: None,
         });
 
         let failures: u64 = self.rows.iter().map(|row| row.sample.tally.non_2xx()).sum();
@@ -195,13 +236,15 @@ impl Report {
             name: "zero non-2xx answers".to_owned(),
             measured: failures.to_string(),
             met: Some(failures == 0),
+            number: None,
         });
         let rss = mb(self.peak_rss);
-        targets.push(Target {
-            name: format!("peak RSS ≤ {PEAK_RSS_MAX_MB:.0} MB"),
-            measured: format!("{rss:.1} MB"),
-            met: Some(rss <= PEAK_RSS_MAX_MB),
-        });
+        targets.push(Target::on_number(
+            format!("peak RSS ≤ {PEAK_RSS_MAX_MB:.0} MB"),
+            format!("{rss:.1} MB"),
+            Some(rss),
+            Bound::AtMost(PEAK_RSS_MAX_MB),
+        ));
         targets
     }
 
