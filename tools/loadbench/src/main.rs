@@ -31,8 +31,9 @@
 //! statuses), `proc` (CPU and memory from /proc), `database` (the bench
 //! database), `capture` (pg_stat_statements), `script` (pgbench scripts),
 //! `pgbench` (running it), `report` (the Markdown report and the targets),
-//! `sustain` (the sustained run: a steady share of the maximum for minutes,
-//! memory sampled each second).
+//! `runs` (each target judged over several runs, `--runs N`), `sustain`
+//! (the sustained run: a steady share of the maximum for minutes, memory
+//! sampled each second).
 
 mod capture;
 mod database;
