@@ -218,9 +218,9 @@ async fn run(args: Args) -> Result<()> {
     let plan = Plan::new(args.quick);
     let binary = ServiceBinary::find(args.service)?;
     let out_dir = output_dir(args.out)?;
-    let database = BenchDatabase::create(&args.admin_url).await?;
 
     if let Some(seconds) = args.sustain {
+        let database = BenchDatabase::create(&args.admin_url).await?;
         let length = Duration::from_secs(seconds);
         let outcome = tokio::select! {
             outcome = sustain(&plan, &binary, &database, &out_dir, length, args.load_percent) => outcome,
@@ -242,7 +242,6 @@ async fn run(args: Args) -> Result<()> {
     }
 
     let runs = usize::try_from(args.runs).unwrap_or(1);
-    let mut database = Some(database);
     // Each run's report, written when it ends (it says when), and its
     // targets.
     let mut each = Vec::with_capacity(runs);
@@ -251,11 +250,8 @@ async fn run(args: Args) -> Result<()> {
         if runs > 1 {
             say(format!("run {run} of {runs}"));
         }
-        // Each run on a fresh database, as a single run has.
-        let database = match database.take() {
-            Some(database) => database,
-            None => BenchDatabase::create(&args.admin_url).await?,
-        };
+        // Each run on a fresh database.
+        let database = BenchDatabase::create(&args.admin_url).await?;
         // The service and pgbench live inside `measure`: they are killed
         // when that future ends or is dropped (Ctrl-C), before the database
         // goes.

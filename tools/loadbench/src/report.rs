@@ -51,19 +51,21 @@ impl Row {
     /// when it had more than one.
     pub fn floor_ratio_spread(&self) -> Option<(f64, f64)> {
         let rounds = &self.floor_ratio_by_round;
-        (rounds.len() > 1).then(|| {
-            rounds
-                .iter()
-                .fold((f64::INFINITY, f64::NEG_INFINITY), |(low, high), &r| {
-                    (low.min(r), high.max(r))
-                })
-        })
+        lowest_and_highest(rounds).filter(|_| rounds.len() > 1)
     }
 
     /// Service ÷ floor, and the spread of its rounds if there were several.
     fn floor_ratio_text(&self) -> String {
         ratio_with_spread(self.ratio_floor(), self.floor_ratio_spread())
     }
+}
+
+/// The lowest and the highest of `values`; None if there are none.
+pub fn lowest_and_highest(values: &[f64]) -> Option<(f64, f64)> {
+    let (&first, rest) = values.split_first()?;
+    Some(rest.iter().fold((first, first), |(low, high), &value| {
+        (low.min(value), high.max(value))
+    }))
 }
 
 /// `0.97 (rounds 0.88–1.10)`: a ratio over all rounds, then its lowest and

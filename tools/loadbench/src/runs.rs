@@ -18,7 +18,7 @@
 
 use std::fmt::Write as _;
 
-use crate::report::Target;
+use crate::report::{lowest_and_highest, Target};
 
 /// What the runs say of one target.
 #[derive(Debug, PartialEq)]
@@ -114,10 +114,7 @@ fn judge_one(name: &str, runs: &[&Target]) -> Judgement {
         .iter()
         .find_map(|target| target.number.map(|number| number.bound));
     let mean = interval(&numbers);
-    let range = numbers.iter().fold(None, |range, &value| match range {
-        None => Some((value, value)),
-        Some((low, high)) => Some((f64::min(low, value), f64::max(high, value))),
-    });
+    let range = lowest_and_highest(&numbers);
     let verdict = match (bound, mean) {
         (Some(bound), Some(mean)) => {
             let keeps_low = bound.keeps(mean.low);
