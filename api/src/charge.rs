@@ -88,16 +88,6 @@ pub enum Status {
 
 /// `POST /v1/charges`: a request for a new charge. Unknown members are
 /// refused; `null` is the same as leaving an optional member out.
-///
-/// ```
-/// use chargeonce_api::NewCharge;
-///
-/// let order = NewCharge::new(1999, "USD")
-///     .description("Order 1001")
-///     .customer("cus_42")
-///     .metadata("order_id", "1001");
-/// assert_eq!(order.amount, 1999);
-/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "schema", schema(as = ChargeRequest, example = json!({"amount": 1999, "currency": "USD", "customer": "cus_42", "description": "Order 1042", "metadata": {"order": "1042"}})))]
@@ -127,6 +117,16 @@ pub struct NewCharge {
 
 impl NewCharge {
     /// A charge of `amount` minor units of `currency`.
+    ///
+    /// ```
+    /// use chargeonce_api::NewCharge;
+    ///
+    /// let order = NewCharge::new(1999, "USD")
+    ///     .description("Order 1001")
+    ///     .customer("cus_42")
+    ///     .metadata("order_id", "1001");
+    /// assert_eq!(order.amount, 1999);
+    /// ```
     pub fn new(amount: i64, currency: impl Into<String>) -> Self {
         Self {
             amount,
@@ -171,6 +171,7 @@ pub struct ChargeDeclined<'a> {
     #[serde(serialize_with = "crate::sorted")]
     pub charge: Charge<'a>,
     /// The failed charge's id.
-    #[cfg_attr(feature = "schema", schema(pattern = "^ch_[0-9a-f]{32}$"))]
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schema(required, pattern = "^ch_[0-9a-f]{32}$"))]
     pub charge_id: String,
 }

@@ -33,8 +33,8 @@ pub use list::{List, ListObject};
 pub use problem::{FieldError, Problem};
 pub use refund::{NewRefund, Refund, RefundDeclined, RefundObject, RefundReason};
 pub use webhook::{
-    Delivery, DeliveryAttempt, DeliveryObject, DeliveryStatus, NewWebhookEndpoint,
-    WebhookEndpoint, WebhookEndpointObject,
+    Delivery, DeliveryAttempt, DeliveryObject, DeliveryStatus, NewWebhookEndpoint, WebhookEndpoint,
+    WebhookEndpointObject,
 };
 
 /// The metadata of a charge or a refund: string keys and values.

@@ -44,16 +44,18 @@ mod schema {
         fn schema() -> RefOr<Schema> {
             ObjectBuilder::new()
                 .description(Some(format!(
-                    "A page of {}s, newest first.",
-                    T::name().to_lowercase()
+                    "A page of `{}` items, newest first.",
+                    T::name()
                 )))
                 .property("object", Ref::from_schema_name(ListObject::name()))
                 .property("url", ObjectBuilder::new().schema_type(Type::String))
                 .property(
                     "has_more",
-                    ObjectBuilder::new().schema_type(Type::Boolean).description(Some(
-                        "Whether older items follow: ask with `starting_after` = the last id.",
-                    )),
+                    ObjectBuilder::new()
+                        .schema_type(Type::Boolean)
+                        .description(Some(
+                            "Whether older items follow: ask with `starting_after` = the last id.",
+                        )),
                 )
                 .property(
                     "data",

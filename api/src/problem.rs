@@ -9,34 +9,39 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "schema", schema(example = json!({"type": "urn:chargeonce:problem:idempotency_key_missing", "title": "Idempotency-Key missing", "status": 400, "detail": "the Idempotency-Key header is required on this request", "code": "idempotency_key_missing"})))]
-#[serde(default)]
 pub struct Problem<'a> {
     /// `urn:chargeonce:problem:<code>`.
-    #[serde(rename = "type")]
+    #[serde(rename = "type", default)]
     #[cfg_attr(feature = "schema", schema(required))]
     pub kind: String,
     /// A short summary of the kind of problem.
+    #[serde(default)]
     #[cfg_attr(feature = "schema", schema(value_type = String, required))]
     pub title: Cow<'a, str>,
     /// The HTTP status.
+    #[serde(default)]
     #[cfg_attr(feature = "schema", schema(required))]
     pub status: u16,
     /// What happened, for people.
+    #[serde(default)]
     #[cfg_attr(feature = "schema", schema(value_type = String, required))]
     pub detail: Cow<'a, str>,
     /// What happened, for programs: stable.
+    #[serde(default)]
     #[cfg_attr(feature = "schema", schema(value_type = String, required))]
     pub code: Cow<'a, str>,
     /// `invalid_request` only: every offending field.
-    #[serde(skip_serializing_if = "no_errors")]
+    #[serde(default, skip_serializing_if = "no_errors")]
     #[cfg_attr(feature = "schema", schema(value_type = Vec<FieldError>))]
     pub errors: Cow<'a, [FieldError]>,
     /// `refund_exceeds_charge` only: what can still be refunded.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schema", schema(nullable = false))]
     pub refundable_amount: Option<i64>,
 }
 
+// serde hands `skip_serializing_if` a reference to the field as it is.
+#[allow(clippy::ptr_arg)]
 fn no_errors(errors: &Cow<'_, [FieldError]>) -> bool {
     errors.is_empty()
 }

@@ -76,18 +76,6 @@ pub enum RefundReason {
 
 /// `POST /v1/charges/{id}/refunds`: every member optional. Without `amount`,
 /// the refund is for what remains refundable of the charge.
-///
-/// ```
-/// use chargeonce_api::{NewRefund, RefundReason};
-///
-/// let whole = NewRefund::new();
-/// let part = NewRefund::new()
-///     .amount(500)
-///     .reason(RefundReason::RequestedByCustomer)
-///     .metadata("ticket", "T-77");
-/// assert_eq!(whole.amount, None);
-/// assert_eq!(part.amount, Some(500));
-/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "schema", schema(as = RefundRequest, example = json!({"amount": 500, "reason": "requested_by_customer"})))]
@@ -111,6 +99,18 @@ pub struct NewRefund {
 impl NewRefund {
     /// A refund of the whole remaining amount, with no reason and no
     /// metadata.
+    ///
+    /// ```
+    /// use chargeonce_api::{NewRefund, RefundReason};
+    ///
+    /// let whole = NewRefund::new();
+    /// let part = NewRefund::new()
+    ///     .amount(500)
+    ///     .reason(RefundReason::RequestedByCustomer)
+    ///     .metadata("ticket", "T-77");
+    /// assert_eq!(whole.amount, None);
+    /// assert_eq!(part.amount, Some(500));
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }
@@ -147,6 +147,7 @@ pub struct RefundDeclined<'a> {
     #[serde(serialize_with = "crate::sorted")]
     pub refund: Refund<'a>,
     /// The failed refund's id.
-    #[cfg_attr(feature = "schema", schema(pattern = "^re_[0-9a-f]{32}$"))]
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schema(required, pattern = "^re_[0-9a-f]{32}$"))]
     pub refund_id: String,
 }

@@ -103,7 +103,10 @@ fn answers_are_read_leniently() {
     assert!(!page.has_more);
     let problem: Problem<'static> =
         serde_json::from_value(json!({"code": "teapot"})).expect("a problem");
-    assert_eq!((problem.code.as_ref(), problem.detail.as_ref()), ("teapot", ""));
+    assert_eq!(
+        (problem.code.as_ref(), problem.detail.as_ref()),
+        ("teapot", "")
+    );
 }
 
 /// `Unknown` is what a client read; writing it would be a lie.
