@@ -2,9 +2,11 @@
 //! `application/problem+json` body (RFC 9457) with a stable `code`. 5xx
 //! bodies say nothing about internals; the cause goes to the log.
 
+use std::borrow::Cow;
+
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
-use serde::Serialize;
+use chargeonce_api::Problem;
 
 use crate::domain::{FieldError, KeyError};
 use crate::service::ServiceError;
@@ -221,41 +223,55 @@ impl ApiError {
     /// The problem document of the answer, with nothing logged (the
     /// OpenAPI document's examples are these).
     pub fn problem_body(&self) -> String {
+        // Field names and messages are plain strings: rendering cannot fail.
+        // If it ever did, a problem without the field list is still honest.
+        let problem = self.problem();
+        serde_json::to_string(&problem).unwrap_or_else(|error| {
+            tracing::error!(%error, "cannot render a problem document");
+            serde_json::to_string(&Problem {
+                errors: Cow::Borrowed(&[]),
+                ..problem
+            })
+            .unwrap_or_default()
+        })
+    }
+
+    fn problem(&self) -> Problem<'_> {
         let description = self.describe();
-        let extra = Extra {
+        Problem {
             errors: match self {
-                Self::InvalidRequest { errors, .. } => errors,
-                _ => &[],
+                Self::InvalidRequest { errors, .. } => Cow::Borrowed(errors),
+                _ => Cow::Borrowed(&[]),
             },
             refundable_amount: match self {
                 Self::RefundExceedsCharge { refundable_amount } => Some(*refundable_amount),
                 _ => None,
             },
-        };
-        let problem = Problem::new(
-            description.status,
-            description.code,
-            description.title,
-            self.to_string(),
-            extra,
-        );
-        // Field names and messages are plain strings: rendering cannot fail.
-        // If it ever did, a problem without the field list is still honest.
-        problem.to_body().unwrap_or_else(|error| {
-            tracing::error!(%error, "cannot render a problem document");
-            Problem::new(
+            ..problem(
                 description.status,
-                description.code,
+                description.code.into(),
                 description.title,
-                self.to_string(),
-                Extra {
-                    errors: &[],
-                    refundable_amount: None,
-                },
+                self.to_string().into(),
             )
-            .to_body()
-            .unwrap_or_default()
-        })
+        }
+    }
+}
+
+/// A problem document with the five members every one has.
+pub fn problem<'a>(
+    status: StatusCode,
+    code: Cow<'a, str>,
+    title: &'a str,
+    detail: Cow<'a, str>,
+) -> Problem<'a> {
+    Problem {
+        kind: format!("urn:chargeonce:problem:{code}"),
+        title: title.into(),
+        status: status.as_u16(),
+        detail,
+        code,
+        errors: Cow::Borrowed(&[]),
+        refundable_amount: None,
     }
 }
 
@@ -280,51 +296,6 @@ impl From<ServiceError> for ApiError {
             ServiceError::Database(_) | ServiceError::TaskFailed(_) => Self::Internal(error.into()),
         }
     }
-}
-
-/// A problem document. `extra` carries members beyond the standard five.
-#[derive(Serialize)]
-pub struct Problem<'a, T: Serialize> {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub title: &'a str,
-    pub status: u16,
-    pub detail: String,
-    pub code: &'a str,
-    #[serde(flatten)]
-    pub extra: T,
-}
-
-impl<'a, T: Serialize> Problem<'a, T> {
-    pub fn new(
-        status: StatusCode,
-        code: &'a str,
-        title: &'a str,
-        detail: String,
-        extra: T,
-    ) -> Self {
-        Self {
-            kind: format!("urn:chargeonce:problem:{code}"),
-            title,
-            status: status.as_u16(),
-            detail,
-            code,
-            extra,
-        }
-    }
-
-    pub fn to_body(&self) -> Result<String, serde_json::Error> {
-        serde_json::to_string(self)
-    }
-}
-
-/// Members of a problem beyond the standard five, where a variant has them.
-#[derive(Serialize)]
-struct Extra<'a> {
-    #[serde(skip_serializing_if = "<[FieldError]>::is_empty")]
-    errors: &'a [FieldError],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    refundable_amount: Option<i64>,
 }
 
 impl ResponseError for ApiError {

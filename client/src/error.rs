@@ -10,12 +10,12 @@
 
 use std::time::Duration;
 
+use chargeonce_api::{ChargeDeclined, Problem, RefundDeclined};
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 use reqwest::StatusCode;
-use serde::Deserialize;
 
-use crate::model::{Charge, FieldError, Refund};
-use crate::IdempotencyKey;
+use crate::model::{Charge, Refund};
+use crate::{FieldError, IdempotencyKey};
 
 /// Everything that can go wrong, by what the caller should do about it.
 ///
@@ -300,8 +300,10 @@ impl Error {
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(crate::retry::parse_retry_after);
+        // Every member optional: a body that is not a problem document (or
+        // only partly) still gives an error.
         let problem = serde_json::from_slice::<Problem>(body).unwrap_or_default();
-        let detail = problem.detail.clone().unwrap_or_else(|| {
+        let detail = if problem.detail.is_empty() {
             // Not a problem document (a proxy's HTML page, say): keep the
             // start of it, which is usually enough to tell what answered.
             let text = String::from_utf8_lossy(body);
@@ -311,24 +313,28 @@ impl Error {
             } else {
                 text.chars().take(200).collect()
             }
-        });
-        let code = problem.code.clone();
+        } else {
+            problem.detail.into_owned()
+        };
+        let code = Some(problem.code.into_owned()).filter(|code| !code.is_empty());
         match (status.as_u16(), code.as_deref()) {
             (402, _) => {
                 let code = code.clone().unwrap_or_else(|| "declined".to_owned());
-                if let Some(refund) = problem.refund.and_then(|v| serde_json::from_value(v).ok()) {
+                // Read again as what it carries: a problem that carries a
+                // malformed charge still tells its code.
+                if let Ok(declined) = serde_json::from_slice::<RefundDeclined>(body) {
                     return Self::RefundDeclined {
                         code,
                         message: detail,
-                        refund: Box::new(refund),
+                        refund: Box::new(declined.refund),
                         idempotency_key,
                     };
                 }
-                if let Some(charge) = problem.charge.and_then(|v| serde_json::from_value(v).ok()) {
+                if let Ok(declined) = serde_json::from_slice::<ChargeDeclined>(body) {
                     return Self::Declined {
                         code,
                         message: detail,
-                        charge: Box::new(charge),
+                        charge: Box::new(declined.charge),
                         idempotency_key,
                     };
                 }
@@ -342,7 +348,7 @@ impl Error {
             (400, Some("invalid_request")) => {
                 return Self::InvalidRequest {
                     detail,
-                    errors: problem.errors,
+                    errors: problem.errors.into_owned(),
                     idempotency_key,
                 }
             }
@@ -383,21 +389,6 @@ impl Error {
             idempotency_key,
         }
     }
-}
-
-/// The members of a problem document the client reads; all optional, so a
-/// body that is not one (or only partly) still gives an error.
-#[derive(Debug, Default, Deserialize)]
-struct Problem {
-    code: Option<String>,
-    detail: Option<String>,
-    #[serde(default)]
-    errors: Vec<FieldError>,
-    /// Kept as JSON and parsed only where needed: a problem that carries a
-    /// malformed charge still tells its code.
-    charge: Option<serde_json::Value>,
-    refund: Option<serde_json::Value>,
-    refundable_amount: Option<i64>,
 }
 
 #[cfg(test)]

@@ -48,16 +48,18 @@ mod key;
 mod model;
 mod retry;
 
+pub use chargeonce_api::{FieldError, NewCharge, NewRefund, RefundReason};
 pub use client::{
     ChargeOperation, Client, ClientBuilder, RefundOperation, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_REQUEST_TIMEOUT,
 };
 pub use error::Error;
 pub use key::IdempotencyKey;
-pub use model::{
-    Charge, ChargeStatus, FieldError, ListParams, NewCharge, NewRefund, Refund, RefundReason,
-    RefundStatus,
-};
+pub use model::{Charge, ChargeStatus, ListParams, Refund, RefundStatus};
+
+/// Every type of the API's JSON (events, webhook endpoints, problem
+/// documents, …), the ones the service itself writes.
+pub use chargeonce_api as api;
 pub use retry::RetryPolicy;
 
 /// The HTTP status type used in errors (re-exported from `reqwest`).

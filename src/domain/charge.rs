@@ -1,12 +1,13 @@
 //! Charges: the request a client makes (`NewCharge`, parsed and validated
-//! here with every offending field reported), the stored charge (`Charge`),
-//! and its public JSON form, which is the same for the first answer, replays,
-//! reads and events.
+//! here with every offending field reported) and the stored charge
+//! (`Charge`). Its public JSON form (`chargeonce_api::Charge`, built in
+//! `super::wire`) is the same for the first answer, replays, reads and
+//! events.
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, SecondsFormat, Utc};
-use serde::ser::{Serialize, SerializeStruct, Serializer};
+use chrono::{DateTime, Utc};
+use serde::ser::{Serialize, Serializer};
 use serde_json::Value;
 
 use super::fields::{limits, object, optional_text, parse_metadata, FieldError};
@@ -170,56 +171,14 @@ impl Charge {
     /// The public JSON of `into_created`, without a copy of the charge: what
     /// the replay cache keeps, so a replay is not rendered again.
     pub fn created_json(&self) -> Result<String, serde_json::Error> {
-        serde_json::to_string(&Public {
-            charge: self,
-            amount_refunded: 0,
-        })
+        serde_json::to_string(&super::wire::charge_with(self, 0))
     }
 }
 
-/// The public form, the same for answers, reads and events. Besides the
-/// refund totals (see `into_created`), only fields that are fixed once the
-/// charge is final are shown.
+/// The public form (`chargeonce_api::Charge`), as events record it.
 impl Serialize for Charge {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        Public {
-            charge: self,
-            amount_refunded: self.amount_refunded,
-        }
-        .serialize(serializer)
-    }
-}
-
-/// A charge's public form with the refunded amount given.
-struct Public<'a> {
-    charge: &'a Charge,
-    amount_refunded: i64,
-}
-
-impl Serialize for Public<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let Self {
-            charge: this,
-            amount_refunded,
-        } = *self;
-        let mut out = serializer.serialize_struct("Charge", 13)?;
-        out.serialize_field("id", &this.id.to_string())?;
-        out.serialize_field("object", "charge")?;
-        out.serialize_field("amount", &this.amount)?;
-        out.serialize_field("currency", &this.currency)?;
-        out.serialize_field("status", this.status.as_str())?;
-        out.serialize_field("customer", &this.customer)?;
-        out.serialize_field("description", &this.description)?;
-        out.serialize_field("metadata", &this.metadata)?;
-        out.serialize_field("failure_code", &this.failure_code)?;
-        out.serialize_field("failure_message", &this.failure_message)?;
-        out.serialize_field("amount_refunded", &amount_refunded)?;
-        out.serialize_field("refunded", &(amount_refunded == this.amount))?;
-        out.serialize_field(
-            "created_at",
-            &this.created_at.to_rfc3339_opts(SecondsFormat::Micros, true),
-        )?;
-        out.end()
+        chargeonce_api::Charge::from(self).serialize(serializer)
     }
 }
 

@@ -4,8 +4,7 @@
 //! left it. The same JSON is the answer of `GET /v1/events/{id}` and the body
 //! of every webhook delivery of the event, byte for byte.
 
-use chrono::{DateTime, SecondsFormat, Utc};
-use serde::ser::{Serialize, SerializeStruct, Serializer};
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::{EventId, MerchantId};
@@ -66,36 +65,17 @@ pub struct Event {
 }
 
 impl Event {
-    /// The public JSON: what the API answers and what a webhook carries.
+    /// The public JSON (`chargeonce_api::Event`, `{"id", "object": "event",
+    /// "type", "created_at", "data": {"object": …}}`): what the API answers
+    /// and what a webhook carries.
     pub fn to_json(&self) -> Result<Vec<u8>, serde_json::Error> {
-        serde_json::to_vec(self)
-    }
-}
-
-/// `{"id","object":"event","type","created_at","data":{"object":…}}`.
-impl Serialize for Event {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        #[derive(serde::Serialize)]
-        struct Data<'a> {
-            object: &'a Value,
-        }
-        let mut out = serializer.serialize_struct("Event", 5)?;
-        out.serialize_field("id", &self.id.to_string())?;
-        out.serialize_field("object", "event")?;
-        out.serialize_field("type", self.event_type.as_str())?;
-        out.serialize_field(
-            "created_at",
-            &self.created_at.to_rfc3339_opts(SecondsFormat::Micros, true),
-        )?;
-        out.serialize_field("data", &Data { object: &self.data })?;
-        out.end()
+        serde_json::to_vec(&chargeonce_api::Event::from(self))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn the_names_list_every_type() {
@@ -120,27 +100,5 @@ mod tests {
         ] {
             assert_eq!(EventType::parse(bad), None, "{bad:?}");
         }
-    }
-
-    #[test]
-    fn the_public_form_wraps_the_object() {
-        let event = Event {
-            id: EventId::new(),
-            merchant_id: MerchantId::new(),
-            event_type: EventType::ChargeSucceeded,
-            data: json!({"id": "ch_1", "object": "charge"}),
-            created_at: DateTime::from_timestamp(1_700_000_000, 123_456_789).expect("valid"),
-        };
-        let json: Value = serde_json::from_slice(&event.to_json().expect("renders")).expect("json");
-        assert_eq!(
-            json,
-            json!({
-                "id": event.id.to_string(),
-                "object": "event",
-                "type": "charge.succeeded",
-                "created_at": "2023-11-14T22:13:20.123456Z",
-                "data": {"object": {"id": "ch_1", "object": "charge"}},
-            })
-        );
     }
 }

@@ -30,20 +30,9 @@ pub(crate) fn heap_bytes<'a>(
     texts + metadata
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct FieldError {
-    pub field: String,
-    pub message: String,
-}
-
-impl FieldError {
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-}
+/// The error that names an offending field: a member of the problem
+/// document an invalid request gets, so it is the wire type itself.
+pub use chargeonce_api::FieldError;
 
 /// The body as an object whose members are all among `known`; otherwise
 /// the errors (unknown members each named).

@@ -14,6 +14,7 @@ mod properties;
 pub mod refund;
 pub mod strict_json;
 pub mod webhook;
+mod wire;
 
 pub use api_key::ApiKey;
 pub use charge::{Charge, NewCharge};

@@ -1,11 +1,12 @@
 //! Refunds: the request (`NewRefund`, validated with every offending field
-//! reported), the stored refund (`Refund`) and its public JSON form, the
-//! same for answers, replays, reads and events.
+//! reported) and the stored refund (`Refund`). Its public JSON form
+//! (`chargeonce_api::Refund`, built in `super::wire`) is the same for
+//! answers, replays, reads and events.
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, SecondsFormat, Utc};
-use serde::ser::{Serialize, SerializeStruct, Serializer};
+use chrono::{DateTime, Utc};
+use serde::ser::{Serialize, Serializer};
 use serde_json::Value;
 
 use super::fields::{object, parse_metadata, FieldError};
@@ -153,24 +154,10 @@ impl Refund {
     }
 }
 
+/// The public form (`chargeonce_api::Refund`), as answers and events show it.
 impl Serialize for Refund {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut out = serializer.serialize_struct("Refund", 11)?;
-        out.serialize_field("id", &self.id.to_string())?;
-        out.serialize_field("object", "refund")?;
-        out.serialize_field("charge", &self.charge_id.to_string())?;
-        out.serialize_field("amount", &self.amount)?;
-        out.serialize_field("currency", &self.currency)?;
-        out.serialize_field("status", self.status.as_str())?;
-        out.serialize_field("reason", &self.reason.map(RefundReason::as_str))?;
-        out.serialize_field("metadata", &self.metadata)?;
-        out.serialize_field("failure_code", &self.failure_code)?;
-        out.serialize_field("failure_message", &self.failure_message)?;
-        out.serialize_field(
-            "created_at",
-            &self.created_at.to_rfc3339_opts(SecondsFormat::Micros, true),
-        )?;
-        out.end()
+        chargeonce_api::Refund::from(self).serialize(serializer)
     }
 }
 

@@ -3,14 +3,13 @@
 //! the deliveries of an event to the endpoints with their attempts.
 //!
 //! The secret is shown in the answer to the endpoint's creation (and its
-//! replays) only: the public form of an endpoint never carries it, and
-//! `WebhookSecret`'s `Debug` is redacted, so it cannot reach a log line by
-//! accident.
+//! replays) only (`WebhookEndpoint::as_created` in `super::wire`): the
+//! public form of an endpoint never carries it, and `WebhookSecret`'s
+//! `Debug` is redacted, so it cannot reach a log line by accident.
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use rand::RngCore;
 use secrecy::{ExposeSecret, SecretString};
-use serde::ser::{Serialize, SerializeStruct, Serializer};
 use serde_json::Value;
 use url::Url;
 
@@ -179,58 +178,6 @@ pub struct WebhookEndpoint {
     pub deleted_at: Option<DateTime<Utc>>,
 }
 
-impl WebhookEndpoint {
-    /// The answer to the endpoint's creation: the public form plus the
-    /// secret, from fields fixed at creation only, so a replay is the first
-    /// answer byte for byte (even after the endpoint was deleted).
-    pub fn as_created(&self) -> CreatedEndpoint<'_> {
-        CreatedEndpoint(self)
-    }
-
-    fn serialize_with<S: Serializer>(
-        &self,
-        serializer: S,
-        secret: Option<&str>,
-        deleted_at: Option<DateTime<Utc>>,
-    ) -> Result<S::Ok, S::Error> {
-        let mut out = serializer.serialize_struct("WebhookEndpoint", 8)?;
-        out.serialize_field("id", &self.id.to_string())?;
-        out.serialize_field("object", "webhook_endpoint")?;
-        out.serialize_field("url", &self.url)?;
-        out.serialize_field(
-            "event_types",
-            &self.event_types.as_ref().map(|types| type_names(types)),
-        )?;
-        if let Some(secret) = secret {
-            out.serialize_field("secret", secret)?;
-        }
-        out.serialize_field("enabled", &deleted_at.is_none())?;
-        out.serialize_field("created_at", &micros(self.created_at))?;
-        if deleted_at.is_some() {
-            out.serialize_field("deleted", &true)?;
-        }
-        out.end()
-    }
-}
-
-/// The public form: never the secret. A deleted endpoint shows
-/// `"enabled": false, "deleted": true`.
-impl Serialize for WebhookEndpoint {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.serialize_with(serializer, None, self.deleted_at)
-    }
-}
-
-/// See `WebhookEndpoint::as_created`.
-pub struct CreatedEndpoint<'a>(&'a WebhookEndpoint);
-
-impl Serialize for CreatedEndpoint<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0
-            .serialize_with(serializer, Some(self.0.secret.expose_secret()), None)
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeliveryStatus {
     /// Not delivered yet; attempted again at `next_attempt_at`.
@@ -286,43 +233,6 @@ pub struct DeliveryAttempt {
     pub created_at: DateTime<Utc>,
 }
 
-impl Serialize for Delivery {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut out = serializer.serialize_struct("Delivery", 12)?;
-        out.serialize_field("object", "webhook_delivery")?;
-        out.serialize_field("event", &self.event_id.to_string())?;
-        out.serialize_field("endpoint", &self.endpoint_id.to_string())?;
-        out.serialize_field("url", &self.url)?;
-        out.serialize_field("status", self.status.as_str())?;
-        out.serialize_field("attempts", &self.attempts)?;
-        // Only a pending delivery has a next attempt.
-        let next = (self.status == DeliveryStatus::Pending).then(|| micros(self.next_attempt_at));
-        out.serialize_field("next_attempt_at", &next)?;
-        out.serialize_field("last_status_code", &self.last_status_code)?;
-        out.serialize_field("last_error", &self.last_error)?;
-        out.serialize_field("created_at", &micros(self.created_at))?;
-        out.serialize_field("updated_at", &micros(self.updated_at))?;
-        out.serialize_field("attempt_log", &self.attempt_log)?;
-        out.end()
-    }
-}
-
-impl Serialize for DeliveryAttempt {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut out = serializer.serialize_struct("DeliveryAttempt", 5)?;
-        out.serialize_field("attempt", &self.attempt)?;
-        out.serialize_field("status_code", &self.status_code)?;
-        out.serialize_field("error", &self.error)?;
-        out.serialize_field("duration_ms", &self.duration_ms)?;
-        out.serialize_field("created_at", &micros(self.created_at))?;
-        out.end()
-    }
-}
-
-fn micros(at: DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(SecondsFormat::Micros, true)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,31 +285,6 @@ mod tests {
             assert_eq!(DeliveryStatus::parse(name), Some(status));
         }
         assert_eq!(DeliveryStatus::parse("succeeded"), None);
-    }
-
-    #[test]
-    fn only_a_pending_delivery_shows_its_next_attempt() {
-        let at = |seconds| DateTime::from_timestamp(seconds, 250_000).expect("time");
-        let mut delivery = Delivery {
-            event_id: EventId::new(),
-            endpoint_id: WebhookEndpointId::new(),
-            url: "https://example.com/hooks".to_owned(),
-            status: DeliveryStatus::Pending,
-            attempts: 1,
-            next_attempt_at: at(1_700_000_060),
-            last_status_code: Some(500),
-            last_error: None,
-            created_at: at(1_700_000_000),
-            updated_at: at(1_700_000_001),
-            attempt_log: Vec::new(),
-        };
-        let json = |delivery: &Delivery| serde_json::to_value(delivery).expect("json");
-        let pending = json(&delivery);
-        assert_eq!(pending["next_attempt_at"], "2023-11-14T22:14:20.000250Z");
-        assert_eq!(pending["created_at"], "2023-11-14T22:13:20.000250Z");
-        assert_eq!(pending["status"], "pending");
-        delivery.status = DeliveryStatus::Delivered;
-        assert_eq!(json(&delivery)["next_attempt_at"], Value::Null);
     }
 
     #[test]
@@ -489,39 +374,6 @@ mod tests {
         assert_eq!(
             WebhookSecret::from_stored("whsec_!!".into()).signing_key(),
             None
-        );
-    }
-
-    #[test]
-    fn only_the_creation_answer_shows_the_secret() {
-        let endpoint = WebhookEndpoint {
-            id: WebhookEndpointId::new(),
-            merchant_id: MerchantId::new(),
-            url: "https://x.test/".into(),
-            event_types: None,
-            secret: WebhookSecret::generate(),
-            fingerprint: Fingerprint::ZERO,
-            created_at: Utc::now(),
-            deleted_at: None,
-        };
-        let created = serde_json::to_value(endpoint.as_created()).expect("json");
-        assert_eq!(created["secret"], endpoint.secret.expose_secret());
-        assert_eq!(created["enabled"], true);
-        let public = serde_json::to_value(&endpoint).expect("json");
-        assert!(public.get("secret").is_none() && public.get("deleted").is_none());
-        let deleted = WebhookEndpoint {
-            deleted_at: Some(Utc::now()),
-            ..endpoint.clone()
-        };
-        let shown = serde_json::to_value(&deleted).expect("json");
-        assert_eq!(
-            (shown["enabled"].clone(), shown["deleted"].clone()),
-            (json!(false), json!(true))
-        );
-        // The creation answer does not change when the endpoint is deleted.
-        assert_eq!(
-            serde_json::to_string(&deleted.as_created()).expect("json"),
-            serde_json::to_string(&endpoint.as_created()).expect("json")
         );
     }
 }

@@ -6,9 +6,15 @@ use actix_web::{web, HttpRequest};
 use futures_util::StreamExt;
 use serde_json::Value;
 
-use super::HttpLimits;
 use crate::domain::{strict_json, IdempotencyKey, KeyError};
 use crate::error::ApiError;
+
+/// Request limits the handlers enforce.
+#[derive(Debug, Clone)]
+pub struct HttpLimits {
+    pub max_body_bytes: usize,
+    pub body_timeout: std::time::Duration,
+}
 
 /// The `Idempotency-Key` of a request creating a `kind` ("charge",
 /// "refund", …); a missing or malformed one is counted as such.

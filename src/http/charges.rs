@@ -1,12 +1,17 @@
 //! `/v1/charges`: create (idempotent), read, list.
 
 use actix_web::{web, HttpRequest, HttpResponse};
+use chargeonce_api as api;
 
-use super::openapi::{ChargeDeclined, ChargeList, ChargePage, ChargeRequest};
-use super::{body, render, AuthenticatedMerchant, HttpLimits};
+use super::auth::AuthenticatedMerchant;
+use super::body::{self, HttpLimits};
+use super::{query, render};
 use crate::domain::{ChargeId, MerchantId, NewCharge, RequestFingerprint};
 use crate::error::ApiError;
 use crate::service::charges::{ChargeReply, Charges};
+
+/// A page of charges, by the name the document gives it (`ChargeList`).
+type ChargeList = api::List<api::Charge<'static>>;
 
 /// Create a charge, at most once per `Idempotency-Key`.
 ///
@@ -20,17 +25,17 @@ use crate::service::charges::{ChargeReply, Charges};
     tag = "charges",
     operation_id = "createCharge",
     params(("Idempotency-Key" = String, Header, description = "Names this logical request: 1 to 255 visible ASCII characters (a quoted form, `\"abc\"`, names the same key as `abc`). The same key with the same body replays the first answer; with another body it is 422.", pattern = "^[!-~]{1,255}$", example = "order-1042-attempt")),
-    request_body(content = ChargeRequest, content_type = "application/json"),
+    request_body(content = api::NewCharge, content_type = "application/json"),
     responses(
-        (status = 201, description = "Succeeded", body = crate::http::openapi::Charge, headers(
+        (status = 201, description = "Succeeded", body = api::Charge, headers(
                 ("Location" = String, description = "The created resource"),
                 ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
             )),
-        (status = 202, description = "Pending: the processor has not answered finally yet", body = crate::http::openapi::Charge, headers(
+        (status = 202, description = "Pending: the processor has not answered finally yet", body = api::Charge, headers(
                 ("Location" = String, description = "The created resource"),
                 ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
             )),
-        (status = 402, description = "Declined: the charge exists and failed", body = ChargeDeclined, content_type = "application/problem+json", headers(
+        (status = 402, description = "Declined: the charge exists and failed", body = api::ChargeDeclined, content_type = "application/problem+json", headers(
                 ("Location" = String, description = "The created resource"),
                 ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
             )),
@@ -75,15 +80,16 @@ fn charge_response(reply: ChargeReply) -> Result<HttpResponse, ApiError> {
     let charge = &reply.record.into_created();
     render::created(
         charge.status,
-        charge,
         reply.json.as_deref(),
-        render::Declined {
-            object: "charge",
-            id: &charge.id,
-            record: charge,
-            code: charge.failure_code.as_deref(),
-            message: charge.failure_message.as_deref(),
-            title: "Payment declined",
+        || api::Charge::from(charge),
+        |charge| api::ChargeDeclined {
+            problem: render::declined(
+                "Payment declined",
+                charge.failure_code.clone(),
+                charge.failure_message.clone(),
+            ),
+            charge_id: charge.id.clone(),
+            charge,
         },
         format!("/v1/charges/{}", charge.id),
         reply.replayed,
@@ -97,7 +103,7 @@ fn charge_response(reply: ChargeReply) -> Result<HttpResponse, ApiError> {
     tag = "charges",
     operation_id = "getCharge",
     params(("id" = String, Path, description = "The charge's id (`ch_...`); a malformed id is 404 like an unknown one", example = "ch_0193a5c1e0b37f7aa1e0c2d4b5f6a7b8")),
-    responses((status = 200, description = "The charge", body = crate::http::openapi::Charge)),
+    responses((status = 200, description = "The charge", body = api::Charge)),
     security(("bearerAuth" = [])),
 )]
 pub async fn get(
@@ -107,7 +113,7 @@ pub async fn get(
 ) -> Result<HttpResponse, ApiError> {
     // A malformed id names no charge: the same 404 as someone else's charge.
     let id = ChargeId::parse(&id).ok_or(ApiError::NotFound)?;
-    render::json(&charges.get(merchant, id).await?)
+    render::json(&api::Charge::from(&charges.get(merchant, id).await?))
 }
 
 /// The merchant's charges, newest first.
@@ -116,7 +122,10 @@ pub async fn get(
     path = "/v1/charges",
     tag = "charges",
     operation_id = "listCharges",
-    params(ChargePage),
+    params(
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "1 to 100, default 10."),
+        ("starting_after" = Option<String>, Query, pattern = "^ch_[0-9a-f]{32}$", description = "The id of the last charge of the previous page."),
+    ),
     responses((status = 200, description = "A page of charges", body = ChargeList)),
     security(("bearerAuth" = [])),
 )]
@@ -125,8 +134,18 @@ pub async fn list(
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,
     request: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    let (limit, starting_after) =
-        render::page_query(request.query_string(), ChargeId::parse, "ch_", |_, _| None)?;
-    let charges = charges.list(merchant, limit + 1, starting_after).await?;
-    render::page("/v1/charges".to_owned(), charges, limit)
+    let page = query::page(
+        request.query_string(),
+        ChargeId::parse,
+        "a charge id (ch_...)",
+    )?;
+    let found = charges
+        .list(merchant, page.limit + 1, page.starting_after)
+        .await?;
+    render::page(
+        "/v1/charges".to_owned(),
+        &found,
+        page.limit,
+        api::Charge::from,
+    )
 }

@@ -17,10 +17,11 @@ use std::time::Duration;
 
 use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
+use chargeonce_api as api;
 use uuid::Uuid;
 
-use super::openapi::{Charge, ChargeDeclined, ChargeRequest};
-use super::{charges, HttpLimits};
+use super::body::HttpLimits;
+use super::charges;
 use crate::db::{self, Database, DbError};
 use crate::domain::MerchantId;
 use crate::error::ApiError;
@@ -115,17 +116,17 @@ fn embedded_file(content_type: &'static str, body: web::Bytes) -> HttpResponse {
     tag = "demo",
     operation_id = "createDemoCharge",
     params(("Idempotency-Key" = String, Header, description = "Names this logical request: 1 to 255 visible ASCII characters (a quoted form, `\"abc\"`, names the same key as `abc`). The same key with the same body replays the first answer; with another body it is 422.", pattern = "^[!-~]{1,255}$", example = "order-1042-attempt")),
-    request_body(content = ChargeRequest, content_type = "application/json"),
+    request_body(content = api::NewCharge, content_type = "application/json"),
     responses(
-        (status = 201, description = "Succeeded", body = Charge, headers(
+        (status = 201, description = "Succeeded", body = api::Charge, headers(
                 ("Location" = String, description = "The created resource"),
                 ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
             )),
-        (status = 202, description = "Pending", body = Charge, headers(
+        (status = 202, description = "Pending", body = api::Charge, headers(
                 ("Location" = String, description = "The created resource"),
                 ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
             )),
-        (status = 402, description = "Declined", body = ChargeDeclined, content_type = "application/problem+json", headers(
+        (status = 402, description = "Declined", body = api::ChargeDeclined, content_type = "application/problem+json", headers(
                 ("Location" = String, description = "The created resource"),
                 ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
             )),

@@ -3,22 +3,19 @@
 //! webhooks carry.
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use serde::Serialize;
+use chargeonce_api as api;
 
-use super::openapi::{DeliveryList, EventList, EventQuery};
+use super::auth::AuthenticatedMerchant;
 use super::query::Params;
-use super::AuthenticatedMerchant;
-use crate::domain::{Delivery, Event, EventId, EventType};
+use super::render;
+use crate::domain::{EventId, EventType};
 use crate::error::ApiError;
 use crate::service::events::Events;
 
-#[derive(Serialize)]
-struct Page<'a, T> {
-    object: &'static str,
-    url: &'a str,
-    has_more: bool,
-    data: &'a [T],
-}
+/// A page of events, by the name the document gives it (`EventList`).
+type EventList = api::List<api::Event<'static>>;
+/// An event's deliveries, by the name the document gives them (`DeliveryList`).
+type DeliveryList = api::List<api::Delivery>;
 
 /// The merchant's events, newest first.
 #[utoipa::path(
@@ -26,7 +23,11 @@ struct Page<'a, T> {
     path = "/v1/events",
     tag = "events",
     operation_id = "listEvents",
-    params(EventQuery),
+    params(
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "1 to 100, default 10."),
+        ("starting_after" = Option<String>, Query, pattern = "^evt_[0-9a-f]{32}$", description = "The id of the last event of the previous page."),
+        ("type" = inline(Option<api::EventType>), Query, description = "Only events of this type."),
+    ),
     responses((status = 200, description = "A page of events", body = EventList)),
     security(("bearerAuth" = [])),
 )]
@@ -36,25 +37,22 @@ pub(super) async fn list(
     request: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let mut params = Params::parse(request.query_string())?;
-    let limit = params.limit();
-    let starting_after = params.parsed("starting_after", EventId::parse, "an event id (evt_...)");
+    let page = params.page(EventId::parse, "an event id (evt_...)");
     let of_type = params.parsed(
         "type",
         EventType::parse,
         &format!("one of {}", EventType::names()),
     );
     params.finish()?;
-    let mut found = events
-        .list(merchant, limit + 1, starting_after, of_type)
+    let found = events
+        .list(merchant, page.limit + 1, page.starting_after, of_type)
         .await?;
-    let has_more = found.len() as i64 > limit;
-    found.truncate(limit as usize);
-    json(&Page {
-        object: "list",
-        url: "/v1/events",
-        has_more,
-        data: &found,
-    })
+    render::page(
+        "/v1/events".to_owned(),
+        &found,
+        page.limit,
+        api::Event::from,
+    )
 }
 
 /// An event: byte for byte the body its webhooks carry.
@@ -64,7 +62,7 @@ pub(super) async fn list(
     tag = "events",
     operation_id = "getEvent",
     params(("id" = String, Path, description = "The event's id (`evt_...`)", example = "evt_0193a5c1e0b37f7aa1e0c2d4b5f6a7c0")),
-    responses((status = 200, description = "The event", body = crate::http::openapi::Event)),
+    responses((status = 200, description = "The event", body = api::Event)),
     security(("bearerAuth" = [])),
 )]
 pub(super) async fn get(
@@ -74,7 +72,7 @@ pub(super) async fn get(
 ) -> Result<HttpResponse, ApiError> {
     // A malformed id names no event: the same 404 as another merchant's.
     let id = EventId::parse(&id).ok_or(ApiError::NotFound)?;
-    let event: Event = events.get(merchant, id).await?;
+    let event = events.get(merchant, id).await?;
     let body = event.to_json().map_err(|e| ApiError::Internal(e.into()))?;
     Ok(HttpResponse::Ok()
         .content_type("application/json")
@@ -82,6 +80,8 @@ pub(super) async fn get(
 }
 
 /// The event's webhook deliveries, one per endpoint, with their attempts.
+///
+/// All of them on one page: it takes no query parameter.
 #[utoipa::path(
     get,
     path = "/v1/events/{id}/deliveries",
@@ -95,21 +95,16 @@ pub(super) async fn deliveries(
     events: web::Data<Events>,
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,
     id: web::Path<String>,
+    request: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let id = EventId::parse(&id).ok_or(ApiError::NotFound)?;
-    let deliveries: Vec<Delivery> = events.deliveries(merchant, id).await?;
-    json(&Page {
-        object: "list",
-        url: &format!("/v1/events/{id}/deliveries"),
+    Params::parse(request.query_string())?.finish()?;
+    let deliveries = events.deliveries(merchant, id).await?;
+    render::json(&api::List {
+        object: api::ListObject::List,
+        url: format!("/v1/events/{id}/deliveries"),
         // One delivery per endpoint, all of them.
         has_more: false,
-        data: &deliveries,
+        data: deliveries.iter().map(api::Delivery::from).collect(),
     })
-}
-
-fn json<T: Serialize>(value: &T) -> Result<HttpResponse, ApiError> {
-    let body = serde_json::to_string(value).map_err(|e| ApiError::Internal(e.into()))?;
-    Ok(HttpResponse::Ok()
-        .content_type("application/json")
-        .body(body))
 }

@@ -1,6 +1,9 @@
 //! The HTTP layer: routes, extractors and response rendering. Handlers parse
-//! and authenticate, call one service function, and render; errors become
-//! problem+json in `crate::error` only.
+//! and authenticate, call one service function, and render the public form
+//! of what it returns (`chargeonce_api`); errors become problem+json in
+//! `crate::error` only. Handlers import the helpers they use (`auth`,
+//! `body`, `query`, `render`) and nothing that imports them: `routes` is the
+//! only module that knows every handler.
 
 mod auth;
 mod body;
@@ -22,13 +25,7 @@ use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{web, HttpResponse};
 
 pub use auth::AuthenticatedMerchant;
-
-/// Request limits the handlers enforce.
-#[derive(Debug, Clone)]
-pub struct HttpLimits {
-    pub max_body_bytes: usize,
-    pub body_timeout: std::time::Duration,
-}
+pub use body::HttpLimits;
 
 use crate::error::ApiError;
 

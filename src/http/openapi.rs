@@ -1,36 +1,33 @@
 //! `GET /openapi.json`: the OpenAPI 3.1 document of the API, generated from
 //! the code. Each handler carries its `#[utoipa::path]` (method, path,
 //! parameters, request body, success answers); `super::routes` serves the
-//! handlers at exactly those methods and paths and collects the operations.
-//! Here the operations are completed with what every one of them shares,
-//! derived from what they declare: the problem answers (from `ApiError`
-//! itself, each code with an example rendered by the same code that renders
-//! the real answer), `X-Request-Id`, `Retry-After`, `WWW-Authenticate`.
-//!
-//! The schemas below describe the JSON that `crate::domain`'s hand-written
-//! `Serialize` impls and `super::render` produce; they exist for the
-//! document only. tests/api/openapi.rs and `scripts/contract-fuzz` check that
-//! real answers conform to them.
+//! handlers at exactly those methods and paths and hands their operations
+//! to `document`. The schemas are those of the types the service writes
+//! (`chargeonce_api`). Here the operations are completed with what every one
+//! of them shares, derived from what they declare: the problem answers (from
+//! `ApiError` itself, each code with an example rendered by the same code
+//! that renders the real answer), `X-Request-Id`, `Retry-After`,
+//! `WWW-Authenticate`. tests/api/openapi.rs and `scripts/contract-fuzz`
+//! check that real answers conform to the document.
 
 use std::collections::BTreeMap;
 
 use actix_web::{web, HttpResponse};
+use chargeonce_api as api;
 use utoipa::openapi::example::ExampleBuilder;
 use utoipa::openapi::header::Header;
 use utoipa::openapi::link::LinkBuilder;
-use utoipa::openapi::path::{Operation, ParameterBuilder, ParameterIn};
+use utoipa::openapi::path::{Operation, ParameterBuilder, ParameterIn, Paths};
+use utoipa::openapi::schema::Schema;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{
     ContentBuilder, Object, ObjectBuilder, OpenApi as Document, RefOr, Required, Response,
     ResponseBuilder, Type,
 };
-use utoipa::{Modify, OpenApi};
+use utoipa::{Modify, OpenApi, ToSchema};
 
-use super::routes::{self, Served};
-use crate::domain::{FieldError as Field, KeyError};
+use crate::domain::{Currency, FieldError as Field, KeyError};
 use crate::error::{ApiError, PROBLEM_JSON};
-
-pub use schemas::*;
 
 /// The name of the security scheme of the merchant API key.
 pub const BEARER: &str = "bearerAuth";
@@ -44,29 +41,19 @@ pub const BEARER: &str = "bearerAuth";
         license(name = "MIT", identifier = "MIT"),
     ),
     components(schemas(
-        ChargeRequest,
-        Charge,
-        ChargeList,
-        ChargeDeclined,
-        RefundRequest,
-        Refund,
-        RefundList,
-        RefundDeclined,
-        Event,
-        EventList,
-        Delivery,
-        DeliveryList,
-        WebhookEndpointRequest,
-        WebhookEndpointCreated,
-        WebhookEndpoint,
-        WebhookEndpointList,
-        DeletedWebhookEndpoint,
-        Problem,
-        Health,
-        Readiness,
+        api::NewCharge,
+        api::Charge,
+        api::ChargeDeclined,
+        api::NewRefund,
+        api::Refund,
+        api::RefundDeclined,
+        api::Event,
+        api::NewWebhookEndpoint,
+        api::WebhookEndpoint,
+        api::Problem,
         OpenApiDocument,
     )),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &Lists, &Currencies),
     tags(
         (name = "charges", description = "Charges, created idempotently"),
         (name = "refunds", description = "Refunds of charges, created idempotently"),
@@ -98,11 +85,65 @@ impl Modify for BearerAuth {
     }
 }
 
-/// The document of the API as served with these optional parts.
-pub fn document(served: Served) -> Document {
+/// The lists: generic types, which `components(schemas(...))` does not take.
+struct Lists;
+
+impl Modify for Lists {
+    fn modify(&self, openapi: &mut Document) {
+        fn add<T: ToSchema>(openapi: &mut Document) {
+            let mut schemas = vec![(T::name().into_owned(), T::schema())];
+            T::schemas(&mut schemas);
+            let components = openapi.components.get_or_insert_with(Default::default);
+            components.schemas.extend(schemas);
+        }
+        add::<api::List<api::Charge>>(openapi);
+        add::<api::List<api::Refund>>(openapi);
+        add::<api::List<api::Event>>(openapi);
+        add::<api::List<api::Delivery>>(openapi);
+        add::<api::List<api::WebhookEndpoint>>(openapi);
+    }
+}
+
+/// A charge request's `currency` is one of the codes the service knows
+/// (`crate::domain::Currency`), which the wire type cannot name.
+struct Currencies;
+
+impl Modify for Currencies {
+    fn modify(&self, openapi: &mut Document) {
+        let request = openapi
+            .components
+            .as_mut()
+            .and_then(|components| components.schemas.get_mut(api::NewCharge::name().as_ref()));
+        if let Some(RefOr::T(Schema::Object(request))) = request {
+            let codes = ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some(Currency::codes().iter().copied()))
+                .examples(["USD"]);
+            request
+                .properties
+                .insert("currency".to_owned(), codes.into());
+        }
+    }
+}
+
+/// The answer of `GET /openapi.json`.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct OpenApiDocument {
+    #[schema(example = "3.1.0")]
+    openapi: String,
+    #[schema(value_type = Object)]
+    info: serde_json::Value,
+    #[schema(value_type = Object)]
+    paths: serde_json::Value,
+}
+
+/// The document of the API whose operations are `paths`
+/// (`super::routes::api`).
+pub fn document(paths: Paths) -> Document {
     let mut doc = ApiDoc::openapi();
     doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
-    doc.paths = routes::api(served).into_paths();
+    doc.paths = paths;
     for item in doc.paths.paths.values_mut() {
         let operations = [
             &mut item.get,
@@ -118,20 +159,15 @@ pub fn document(served: Served) -> Document {
     doc
 }
 
-/// `document(served)` as JSON, what `GET /openapi.json` answers.
+/// `document(paths)` as JSON, what `GET /openapi.json` answers (built by
+/// `Rendered::new` in `super::routes`, which knows the paths).
 pub struct Rendered(pub String);
 
-impl Rendered {
-    pub fn new(served: Served) -> Result<Self, serde_json::Error> {
-        serde_json::to_string(&rendered(served)?).map(Self)
-    }
-}
-
-/// `document(served)` as JSON. utoipa 5.5 writes a link's target as
+/// `document(paths)` as JSON. utoipa 5.5 writes a link's target as
 /// `operation_id` (its `Link` lacks the camel-case renaming its other types
 /// have); OpenAPI's name for it, which tools look for, is `operationId`.
-pub fn rendered(served: Served) -> Result<serde_json::Value, serde_json::Error> {
-    let mut value = serde_json::to_value(document(served))?;
+pub fn rendered(paths: Paths) -> Result<serde_json::Value, serde_json::Error> {
+    let mut value = serde_json::to_value(document(paths))?;
     let links = value
         .get_mut("paths")
         .and_then(serde_json::Value::as_object_mut)
@@ -471,538 +507,4 @@ fn problem_response(problems: &[(&'static str, ApiError)]) -> Response {
         );
     }
     response.build()
-}
-
-/// The document's schemas: what the service sends and takes, for the
-/// document only.
-#[allow(dead_code)]
-mod schemas {
-    use utoipa::openapi::schema::Schema;
-    use utoipa::openapi::{Object, ObjectBuilder, RefOr, Type};
-    use utoipa::{IntoParams, ToSchema};
-
-    /// The metadata of a charge or refund: up to 50 string values, keys of
-    /// 1 to 40 characters, values of up to 500; no NUL characters.
-    pub struct Metadata;
-
-    impl utoipa::PartialSchema for Metadata {
-        fn schema() -> RefOr<Schema> {
-            let text = |min, max| {
-                ObjectBuilder::new()
-                    .schema_type(Type::String)
-                    .min_length(min)
-                    .max_length(Some(max))
-                    .build()
-            };
-            ObjectBuilder::new()
-                .schema_type(Type::Object)
-                .description(Some(
-                    "Up to 50 string values; keys of 1 to 40 characters, values of up to \
-                     500; no NUL characters.",
-                ))
-                .property_names(Some(text(Some(1), 40)))
-                .additional_properties(Some(RefOr::T(Schema::Object(text(None, 500)))))
-                .max_properties(Some(50))
-                .examples([serde_json::json!({"order": "1042"})])
-                .into()
-        }
-    }
-
-    impl ToSchema for Metadata {}
-
-    /// The currency codes a request may name (`crate::domain::Currency`).
-    fn currency() -> Object {
-        ObjectBuilder::new()
-            .schema_type(Type::String)
-            .enum_values(Some(crate::domain::Currency::codes().iter().copied()))
-            .examples(["USD"])
-            .build()
-    }
-
-    #[derive(ToSchema)]
-    #[serde(rename_all = "snake_case")]
-    pub enum Status {
-        Pending,
-        Succeeded,
-        Failed,
-    }
-
-    #[derive(ToSchema)]
-    #[serde(rename_all = "snake_case")]
-    pub enum ChargeObject {
-        Charge,
-    }
-
-    #[derive(ToSchema)]
-    #[serde(rename_all = "snake_case")]
-    pub enum RefundObject {
-        Refund,
-    }
-
-    #[derive(ToSchema)]
-    #[serde(rename_all = "snake_case")]
-    pub enum ListObject {
-        List,
-    }
-
-    /// `POST /v1/charges`. Unknown members are refused; `null` is the same as
-    /// leaving an optional member out.
-    #[derive(ToSchema)]
-    #[serde(deny_unknown_fields)]
-    #[schema(example = json!({"amount": 1999, "currency": "USD", "customer": "cus_42", "description": "Order 1042", "metadata": {"order": "1042"}}))]
-    pub struct ChargeRequest {
-        /// In minor units (cents for USD), 1 to 99999999999, written as a
-        /// JSON integer: `1999`, not `1999.0` or `1.999e3` (400).
-        #[schema(minimum = 1, maximum = 99_999_999_999_i64)]
-        pub amount: i64,
-        /// An active ISO 4217 code. Lower case is accepted too (`usd` is
-        /// `USD`), and answers show it in upper case.
-        #[schema(schema_with = currency)]
-        pub currency: String,
-        /// Up to 255 characters, no NUL.
-        #[schema(max_length = 255)]
-        pub customer: Option<String>,
-        /// Up to 1000 characters, no NUL.
-        #[schema(max_length = 1000)]
-        pub description: Option<String>,
-        #[schema(nullable)]
-        pub metadata: Option<Metadata>,
-    }
-
-    /// A charge. The answer to its creation (and every replay) shows it as
-    /// created, before any refund; reads and events show it as it is.
-    #[derive(ToSchema)]
-    #[schema(example = json!({"id": "ch_0193a5c1e0b37f7aa1e0c2d4b5f6a7b8", "object": "charge", "amount": 1999, "currency": "USD", "status": "succeeded", "customer": "cus_42", "description": "Order 1042", "metadata": {"order": "1042"}, "failure_code": null, "failure_message": null, "amount_refunded": 0, "refunded": false, "created_at": "2026-12-01T06:00:00.123456Z"}))]
-    pub struct Charge {
-        #[schema(pattern = "^ch_[0-9a-f]{32}$")]
-        pub id: String,
-        pub object: ChargeObject,
-        pub amount: i64,
-        #[schema(pattern = "^[A-Z]{3}$")]
-        pub currency: String,
-        pub status: Status,
-        #[schema(required)]
-        pub customer: Option<String>,
-        #[schema(required)]
-        pub description: Option<String>,
-        pub metadata: Metadata,
-        /// Set when `status` is `failed`: why, in the processor's words.
-        #[schema(required)]
-        pub failure_code: Option<String>,
-        #[schema(required)]
-        pub failure_message: Option<String>,
-        /// Succeeded refunds, in minor units.
-        pub amount_refunded: i64,
-        /// Whether `amount_refunded` is all of `amount`.
-        pub refunded: bool,
-        #[schema(format = DateTime)]
-        pub created_at: String,
-    }
-
-    /// A page of charges, newest first.
-    #[derive(ToSchema)]
-    pub struct ChargeList {
-        pub object: ListObject,
-        pub url: String,
-        /// Whether older items follow: ask with `starting_after` = the last id.
-        pub has_more: bool,
-        pub data: Vec<Charge>,
-    }
-
-    /// Why a refund is made.
-    #[derive(ToSchema)]
-    #[serde(rename_all = "snake_case")]
-    pub enum RefundReason {
-        Duplicate,
-        Fraudulent,
-        RequestedByCustomer,
-    }
-
-    /// `POST /v1/charges/{id}/refunds`: every member optional. Without
-    /// `amount`, the refund is for what remains refundable of the charge.
-    #[derive(ToSchema)]
-    #[serde(deny_unknown_fields)]
-    #[schema(example = json!({"amount": 500, "reason": "requested_by_customer"}))]
-    pub struct RefundRequest {
-        /// In minor units, 1 to 99999999999, written as a JSON integer (not
-        /// `500.0`); left out or null: all that remains refundable.
-        #[schema(minimum = 1, maximum = 99_999_999_999_i64, nullable)]
-        pub amount: Option<i64>,
-        #[schema(nullable)]
-        pub reason: Option<RefundReason>,
-        #[schema(nullable)]
-        pub metadata: Option<Metadata>,
-    }
-
-    #[derive(ToSchema)]
-    #[schema(example = json!({"id": "re_0193a5c1e0b37f7aa1e0c2d4b5f6a7b9", "object": "refund", "charge": "ch_0193a5c1e0b37f7aa1e0c2d4b5f6a7b8", "amount": 500, "currency": "USD", "status": "succeeded", "reason": "requested_by_customer", "metadata": {}, "failure_code": null, "failure_message": null, "created_at": "2026-12-01T06:01:00.000001Z"}))]
-    pub struct Refund {
-        #[schema(pattern = "^re_[0-9a-f]{32}$")]
-        pub id: String,
-        pub object: RefundObject,
-        /// The refunded charge's id.
-        #[schema(pattern = "^ch_[0-9a-f]{32}$")]
-        pub charge: String,
-        pub amount: i64,
-        #[schema(pattern = "^[A-Z]{3}$")]
-        pub currency: String,
-        pub status: Status,
-        #[schema(required)]
-        pub reason: Option<RefundReason>,
-        pub metadata: Metadata,
-        #[schema(required)]
-        pub failure_code: Option<String>,
-        #[schema(required)]
-        pub failure_message: Option<String>,
-        #[schema(format = DateTime)]
-        pub created_at: String,
-    }
-
-    #[derive(ToSchema)]
-    pub struct RefundList {
-        pub object: ListObject,
-        pub url: String,
-        pub has_more: bool,
-        pub data: Vec<Refund>,
-    }
-
-    /// One field's problem in an `invalid_request` answer. `field` is a
-    /// member name, a path such as `metadata.k` or `event_types[1]`, or ""
-    /// for the body as a whole.
-    #[derive(ToSchema)]
-    pub struct FieldError {
-        pub field: String,
-        pub message: String,
-    }
-
-    /// A problem document (RFC 9457, `application/problem+json`). `code` is
-    /// stable and what to act on; `detail` is for people.
-    #[derive(ToSchema)]
-    #[schema(example = json!({"type": "urn:chargeonce:problem:idempotency_key_missing", "title": "Idempotency-Key missing", "status": 400, "detail": "the Idempotency-Key header is required on this request", "code": "idempotency_key_missing"}))]
-    pub struct Problem {
-        /// `urn:chargeonce:problem:<code>`.
-        #[serde(rename = "type")]
-        pub kind: String,
-        pub title: String,
-        pub status: u16,
-        pub detail: String,
-        pub code: String,
-        /// `invalid_request` only: every offending field.
-        #[schema(nullable = false)]
-        pub errors: Option<Vec<FieldError>>,
-        /// `refund_exceeds_charge` only: what can still be refunded.
-        #[schema(nullable = false)]
-        pub refundable_amount: Option<i64>,
-    }
-
-    /// `402`: the charge was declined. A problem document carrying the
-    /// charge, which exists (status `failed`) and is what every replay of the
-    /// request answers.
-    #[derive(ToSchema)]
-    #[schema(example = json!({"type": "urn:chargeonce:problem:card_declined", "title": "Payment declined", "status": 402, "detail": "The card was declined.", "code": "card_declined", "charge_id": "ch_0193a5c1e0b37f7aa1e0c2d4b5f6a7b8", "charge": {"id": "ch_0193a5c1e0b37f7aa1e0c2d4b5f6a7b8", "object": "charge", "amount": 1999, "currency": "USD", "status": "failed", "customer": null, "description": null, "metadata": {}, "failure_code": "card_declined", "failure_message": "The card was declined.", "amount_refunded": 0, "refunded": false, "created_at": "2026-12-01T06:00:00.123456Z"}}))]
-    pub struct ChargeDeclined {
-        #[serde(rename = "type")]
-        pub kind: String,
-        pub title: String,
-        pub status: u16,
-        pub detail: String,
-        /// The processor's decline code (`declined` if it gave none).
-        pub code: String,
-        #[schema(pattern = "^ch_[0-9a-f]{32}$")]
-        pub charge_id: String,
-        pub charge: Charge,
-    }
-
-    /// `402`: the refund was declined; the refund exists (status `failed`).
-    #[derive(ToSchema)]
-    pub struct RefundDeclined {
-        #[serde(rename = "type")]
-        pub kind: String,
-        pub title: String,
-        pub status: u16,
-        pub detail: String,
-        pub code: String,
-        #[schema(pattern = "^re_[0-9a-f]{32}$")]
-        pub refund_id: String,
-        pub refund: Refund,
-    }
-
-    #[derive(ToSchema)]
-    pub enum EventType {
-        #[serde(rename = "charge.pending")]
-        ChargePending,
-        #[serde(rename = "charge.succeeded")]
-        ChargeSucceeded,
-        #[serde(rename = "charge.failed")]
-        ChargeFailed,
-        #[serde(rename = "refund.pending")]
-        RefundPending,
-        #[serde(rename = "refund.succeeded")]
-        RefundSucceeded,
-        #[serde(rename = "refund.failed")]
-        RefundFailed,
-    }
-
-    #[derive(ToSchema)]
-    #[serde(rename_all = "snake_case")]
-    pub enum EventObject {
-        Event,
-    }
-
-    /// The charge or refund as the change left it.
-    #[derive(ToSchema)]
-    #[serde(untagged)]
-    pub enum EventSubject {
-        Charge(Charge),
-        Refund(Refund),
-    }
-
-    #[derive(ToSchema)]
-    pub struct EventData {
-        pub object: EventSubject,
-    }
-
-    /// A state change of a charge or refund; byte for byte the body of its
-    /// webhook deliveries.
-    #[derive(ToSchema)]
-    pub struct Event {
-        #[schema(pattern = "^evt_[0-9a-f]{32}$")]
-        pub id: String,
-        pub object: EventObject,
-        #[serde(rename = "type")]
-        pub kind: EventType,
-        #[schema(format = DateTime)]
-        pub created_at: String,
-        pub data: EventData,
-    }
-
-    #[derive(ToSchema)]
-    pub struct EventList {
-        pub object: ListObject,
-        pub url: String,
-        pub has_more: bool,
-        pub data: Vec<Event>,
-    }
-
-    #[derive(ToSchema)]
-    #[serde(rename_all = "snake_case")]
-    pub enum DeliveryObject {
-        WebhookDelivery,
-    }
-
-    #[derive(ToSchema)]
-    #[serde(rename_all = "snake_case")]
-    pub enum DeliveryStatus {
-        Pending,
-        Delivered,
-        Failed,
-    }
-
-    #[derive(ToSchema)]
-    pub struct DeliveryAttempt {
-        pub attempt: i32,
-        /// The endpoint's HTTP status; null if none came.
-        #[schema(required)]
-        pub status_code: Option<i32>,
-        #[schema(required)]
-        pub error: Option<String>,
-        pub duration_ms: i32,
-        #[schema(format = DateTime)]
-        pub created_at: String,
-    }
-
-    /// The delivery of one event to one endpoint, with its attempts.
-    #[derive(ToSchema)]
-    pub struct Delivery {
-        pub object: DeliveryObject,
-        #[schema(pattern = "^evt_[0-9a-f]{32}$")]
-        pub event: String,
-        #[schema(pattern = "^we_[0-9a-f]{32}$")]
-        pub endpoint: String,
-        pub url: String,
-        pub status: DeliveryStatus,
-        pub attempts: i32,
-        /// While pending: when the next attempt is due.
-        #[schema(required, format = DateTime)]
-        pub next_attempt_at: Option<String>,
-        #[schema(required)]
-        pub last_status_code: Option<i32>,
-        #[schema(required)]
-        pub last_error: Option<String>,
-        #[schema(format = DateTime)]
-        pub created_at: String,
-        #[schema(format = DateTime)]
-        pub updated_at: String,
-        pub attempt_log: Vec<DeliveryAttempt>,
-    }
-
-    /// Every delivery of an event (one per endpoint; `has_more` is false).
-    #[derive(ToSchema)]
-    pub struct DeliveryList {
-        pub object: ListObject,
-        pub url: String,
-        pub has_more: bool,
-        pub data: Vec<Delivery>,
-    }
-
-    #[derive(ToSchema)]
-    #[serde(rename_all = "snake_case")]
-    pub enum WebhookEndpointObject {
-        WebhookEndpoint,
-    }
-
-    /// `POST /v1/webhook_endpoints`.
-    #[derive(ToSchema)]
-    #[serde(deny_unknown_fields)]
-    #[schema(example = json!({"url": "https://example.com/webhooks", "event_types": ["charge.succeeded", "charge.failed"]}))]
-    pub struct WebhookEndpointRequest {
-        /// An absolute http:// or https:// URL naming a host, at most 2048
-        /// characters once normalised. Private addresses may be refused
-        /// (webhooks.allow_private_targets).
-        #[schema(
-            max_length = 2048,
-            pattern = "^[Hh][Tt][Tt][Pp][Ss]?://[A-Za-z0-9.-]+(:[1-9][0-9]{0,3})?(/[!-~]*)?$",
-            example = "https://example.com/webhooks"
-        )]
-        pub url: String,
-        /// The event types to send; left out or null: every type.
-        #[schema(nullable, min_items = 1)]
-        pub event_types: Option<Vec<EventType>>,
-    }
-
-    /// The answer to an endpoint's creation: the only time its signing
-    /// secret is shown (replays show it again).
-    #[derive(ToSchema)]
-    pub struct WebhookEndpointCreated {
-        #[schema(pattern = "^we_[0-9a-f]{32}$")]
-        pub id: String,
-        pub object: WebhookEndpointObject,
-        pub url: String,
-        /// null: every type.
-        #[schema(required)]
-        pub event_types: Option<Vec<EventType>>,
-        /// `whsec_` and the base64 of 32 bytes (Standard Webhooks).
-        #[schema(pattern = "^whsec_[A-Za-z0-9+/=]+$")]
-        pub secret: String,
-        pub enabled: bool,
-        #[schema(format = DateTime)]
-        pub created_at: String,
-    }
-
-    /// An endpoint as lists show it (no secret).
-    #[derive(ToSchema)]
-    pub struct WebhookEndpoint {
-        #[schema(pattern = "^we_[0-9a-f]{32}$")]
-        pub id: String,
-        pub object: WebhookEndpointObject,
-        pub url: String,
-        #[schema(required)]
-        pub event_types: Option<Vec<EventType>>,
-        pub enabled: bool,
-        #[schema(format = DateTime)]
-        pub created_at: String,
-    }
-
-    #[derive(ToSchema)]
-    pub struct WebhookEndpointList {
-        pub object: ListObject,
-        pub url: String,
-        pub has_more: bool,
-        pub data: Vec<WebhookEndpoint>,
-    }
-
-    /// The deleted endpoint: `enabled` false, `deleted` true, no secret.
-    #[derive(ToSchema)]
-    pub struct DeletedWebhookEndpoint {
-        #[schema(pattern = "^we_[0-9a-f]{32}$")]
-        pub id: String,
-        pub object: WebhookEndpointObject,
-        pub url: String,
-        #[schema(required)]
-        pub event_types: Option<Vec<EventType>>,
-        pub enabled: bool,
-        #[schema(format = DateTime)]
-        pub created_at: String,
-        pub deleted: bool,
-    }
-
-    #[derive(ToSchema)]
-    #[schema(example = json!({"status": "ok"}))]
-    pub struct Health {
-        pub status: String,
-    }
-
-    /// Ready: the database answers and carries every migration this binary
-    /// knows (`migration`, the latest).
-    #[derive(ToSchema)]
-    #[schema(example = json!({"status": "ready", "migration": 9}))]
-    pub struct Readiness {
-        pub status: String,
-        pub migration: i64,
-    }
-
-    /// An OpenAPI 3.1 document.
-    #[derive(ToSchema)]
-    pub struct OpenApiDocument {
-        #[schema(example = "3.1.0")]
-        pub openapi: String,
-        #[schema(value_type = Object)]
-        pub info: serde_json::Value,
-        #[schema(value_type = Object)]
-        pub paths: serde_json::Value,
-    }
-
-    /// The query of a list of charges: a page of `limit`, newest first,
-    /// after the charge `starting_after` if given. Any other parameter is
-    /// refused (400).
-    #[derive(IntoParams)]
-    #[into_params(parameter_in = Query)]
-    pub struct ChargePage {
-        /// 1 to 100, default 10.
-        #[param(minimum = 1, maximum = 100)]
-        pub limit: Option<i64>,
-        /// The id of the last charge of the previous page.
-        #[param(pattern = "^ch_[0-9a-f]{32}$")]
-        pub starting_after: Option<String>,
-    }
-
-    /// The query of a list of refunds (as for charges).
-    #[derive(IntoParams)]
-    #[into_params(parameter_in = Query)]
-    pub struct RefundPage {
-        /// 1 to 100, default 10.
-        #[param(minimum = 1, maximum = 100)]
-        pub limit: Option<i64>,
-        /// The id of the last refund of the previous page.
-        #[param(pattern = "^re_[0-9a-f]{32}$")]
-        pub starting_after: Option<String>,
-    }
-
-    /// The query of a list of webhook endpoints (as for charges; a parameter
-    /// given twice is refused too).
-    #[derive(IntoParams)]
-    #[into_params(parameter_in = Query)]
-    pub struct WebhookEndpointPage {
-        /// 1 to 100, default 10.
-        #[param(minimum = 1, maximum = 100)]
-        pub limit: Option<i64>,
-        /// The id of the last endpoint of the previous page.
-        #[param(pattern = "^we_[0-9a-f]{32}$")]
-        pub starting_after: Option<String>,
-    }
-
-    /// `GET /v1/events`: a page, optionally of one event type.
-    #[derive(IntoParams)]
-    #[into_params(parameter_in = Query)]
-    pub struct EventQuery {
-        /// 1 to 100, default 10.
-        #[param(minimum = 1, maximum = 100)]
-        pub limit: Option<i64>,
-        /// The id of the last event of the previous page.
-        #[param(pattern = "^evt_[0-9a-f]{32}$")]
-        pub starting_after: Option<String>,
-        /// Only events of this type.
-        #[param(rename = "type", inline)]
-        pub kind: Option<EventType>,
-    }
 }

@@ -1,6 +1,7 @@
-//! Query strings of list endpoints: each parameter at most once, every one
-//! known, every problem reported with its name (400 `invalid_request`).
-//! `limit` is 1..=100 (default 10), like `GET /v1/charges`.
+//! Query strings, parsed the same way by every list: each parameter at most
+//! once, every one known, every problem reported with its name (400
+//! `invalid_request`). A page is `limit` (1..=100, default 10) items after
+//! `starting_after`, the id of the last item of the previous page.
 
 use crate::domain::FieldError;
 use crate::error::ApiError;
@@ -15,6 +16,27 @@ pub struct Params {
     errors: Vec<FieldError>,
 }
 
+/// Where a page starts and how long it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Page<Id> {
+    pub limit: i64,
+    pub starting_after: Option<Id>,
+}
+
+/// The query of a list that takes a page and nothing else. `parse_id`
+/// reads a `starting_after`; `id` says what it must be (`a charge id
+/// (ch_...)`).
+pub fn page<Id>(
+    query: &str,
+    parse_id: fn(&str) -> Option<Id>,
+    id: &str,
+) -> Result<Page<Id>, ApiError> {
+    let mut params = Params::parse(query)?;
+    let page = params.page(parse_id, id);
+    params.finish()?;
+    Ok(page)
+}
+
 impl Params {
     pub fn parse(query: &str) -> Result<Self, ApiError> {
         let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query).map_err(|e| {
@@ -22,7 +44,9 @@ impl Params {
         })?;
         let mut errors = Vec::new();
         for (index, (name, _)) in pairs.iter().enumerate() {
-            if pairs[..index].iter().any(|(earlier, _)| earlier == name) {
+            let first = pairs[..index].iter().all(|(earlier, _)| earlier != name);
+            let reported = errors.iter().any(|e: &FieldError| e.field == *name);
+            if !first && !reported {
                 errors.push(FieldError::new(name.clone(), "given more than once"));
             }
         }
@@ -38,8 +62,16 @@ impl Params {
         Some(value)
     }
 
+    /// `limit` and `starting_after` (see `page`).
+    pub fn page<Id>(&mut self, parse_id: fn(&str) -> Option<Id>, id: &str) -> Page<Id> {
+        Page {
+            limit: self.limit(),
+            starting_after: self.parsed("starting_after", parse_id, id),
+        }
+    }
+
     /// `limit`, 1..=100, default 10.
-    pub fn limit(&mut self) -> i64 {
+    fn limit(&mut self) -> i64 {
         match self.take("limit") {
             None => DEFAULT_LIMIT,
             Some(value) => match value.parse::<i64>() {
@@ -73,7 +105,13 @@ impl Params {
 
     /// Ok if every parameter was known and valid.
     pub fn finish(mut self) -> Result<(), ApiError> {
+        let mut unknown: Vec<String> = Vec::new();
         for (name, _) in self.pairs {
+            if !unknown.contains(&name) {
+                unknown.push(name);
+            }
+        }
+        for name in unknown {
             self.errors
                 .push(FieldError::new(name, "unknown query parameter"));
         }
@@ -82,5 +120,61 @@ impl Params {
         } else {
             Err(ApiError::invalid("the query is invalid", self.errors))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(query: &str) -> Vec<String> {
+        match page(query, |id| (id == "ok").then_some(()), "ok") {
+            Ok(_) => Vec::new(),
+            Err(ApiError::InvalidRequest { errors, .. }) => {
+                errors.into_iter().map(|e| e.field).collect()
+            }
+            Err(other) => vec![other.to_string()],
+        }
+    }
+
+    #[test]
+    fn a_page_has_a_default_and_bounds() {
+        assert_eq!(
+            page("", |_| Some(()), "").ok(),
+            Some(Page {
+                limit: DEFAULT_LIMIT,
+                starting_after: None
+            })
+        );
+        assert_eq!(
+            page("limit=100&starting_after=ok", |_| Some(()), "").ok(),
+            Some(Page {
+                limit: 100,
+                starting_after: Some(())
+            })
+        );
+        for bad in ["limit=0", "limit=101", "limit=ten", "limit="] {
+            assert_eq!(fields(bad), ["limit"], "{bad}");
+        }
+    }
+
+    /// Which of two values would count is ambiguous: neither does.
+    #[test]
+    fn a_repeated_parameter_is_named_once() {
+        assert_eq!(fields("limit=1&limit=2&limit=3"), ["limit"]);
+        assert_eq!(
+            fields("starting_after=ok&limit=5&starting_after=ok"),
+            ["starting_after"]
+        );
+    }
+
+    #[test]
+    fn every_problem_is_named() {
+        assert_eq!(
+            fields("colour=red&limit=0&starting_after=nope"),
+            ["limit", "starting_after", "colour"]
+        );
+        // Unknown and repeated: both said, each once.
+        assert_eq!(fields("x=1&x=2&x=3"), ["x", "x"]);
     }
 }

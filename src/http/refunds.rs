@@ -2,12 +2,20 @@
 //! `GET /v1/charges/{id}/refunds`, `GET /v1/refunds/{id}`, `GET /v1/refunds`.
 
 use actix_web::{web, HttpRequest, HttpResponse};
+use chargeonce_api as api;
 
-use super::openapi::{RefundDeclined, RefundList, RefundPage, RefundRequest};
-use super::{body, render, AuthenticatedMerchant, HttpLimits};
+use super::auth::AuthenticatedMerchant;
+use super::body::{self, HttpLimits};
+use super::{query, render};
 use crate::domain::{ChargeId, NewRefund, RefundId, RequestFingerprint};
 use crate::error::ApiError;
 use crate::service::refunds::{RefundReply, Refunds};
+
+/// A page of refunds, by the name the document gives it (`RefundList`).
+type RefundList = api::List<api::Refund<'static>>;
+
+/// What `starting_after` must be.
+const REFUND_ID: &str = "a refund id (re_...)";
 
 /// Refund a succeeded charge, at most once per `Idempotency-Key`.
 ///
@@ -22,17 +30,17 @@ use crate::service::refunds::{RefundReply, Refunds};
         ("id" = String, Path, description = "The charge's id (`ch_...`)", example = "ch_0193a5c1e0b37f7aa1e0c2d4b5f6a7b8"),
         ("Idempotency-Key" = String, Header, description = "Names this logical request: 1 to 255 visible ASCII characters (a quoted form, `\"abc\"`, names the same key as `abc`). The same key with the same body replays the first answer; with another body it is 422.", pattern = "^[!-~]{1,255}$", example = "order-1042-attempt"),
     ),
-    request_body(content = RefundRequest, content_type = "application/json"),
+    request_body(content = api::NewRefund, content_type = "application/json"),
     responses(
-        (status = 201, description = "Succeeded", body = crate::http::openapi::Refund, headers(
+        (status = 201, description = "Succeeded", body = api::Refund, headers(
                 ("Location" = String, description = "The created resource"),
                 ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
             )),
-        (status = 202, description = "Pending", body = crate::http::openapi::Refund, headers(
+        (status = 202, description = "Pending", body = api::Refund, headers(
                 ("Location" = String, description = "The created resource"),
                 ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
             )),
-        (status = 402, description = "Declined: the refund exists and failed", body = RefundDeclined, content_type = "application/problem+json", headers(
+        (status = 402, description = "Declined: the refund exists and failed", body = api::RefundDeclined, content_type = "application/problem+json", headers(
                 ("Location" = String, description = "The created resource"),
                 ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
             )),
@@ -66,15 +74,16 @@ fn refund_response(reply: &RefundReply) -> Result<HttpResponse, ApiError> {
     let refund = &reply.record;
     render::created(
         refund.status,
-        refund,
         reply.json.as_deref(),
-        render::Declined {
-            object: "refund",
-            id: &refund.id,
-            record: refund,
-            code: refund.failure_code.as_deref(),
-            message: refund.failure_message.as_deref(),
-            title: "Refund declined",
+        || api::Refund::from(refund),
+        |refund| api::RefundDeclined {
+            problem: render::declined(
+                "Refund declined",
+                refund.failure_code.clone(),
+                refund.failure_message.clone(),
+            ),
+            refund_id: refund.id.clone(),
+            refund,
         },
         format!("/v1/refunds/{}", refund.id),
         reply.replayed,
@@ -88,7 +97,7 @@ fn refund_response(reply: &RefundReply) -> Result<HttpResponse, ApiError> {
     tag = "refunds",
     operation_id = "getRefund",
     params(("id" = String, Path, description = "The refund's id (`re_...`)", example = "re_0193a5c1e0b37f7aa1e0c2d4b5f6a7b9")),
-    responses((status = 200, description = "The refund", body = crate::http::openapi::Refund)),
+    responses((status = 200, description = "The refund", body = api::Refund)),
     security(("bearerAuth" = [])),
 )]
 pub async fn get(
@@ -97,7 +106,7 @@ pub async fn get(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = RefundId::parse(&id).ok_or(ApiError::NotFound)?;
-    render::json(&refunds.get(merchant, id).await?)
+    render::json(&api::Refund::from(&refunds.get(merchant, id).await?))
 }
 
 /// `GET /v1/refunds`: the merchant's refunds, newest first.
@@ -106,7 +115,10 @@ pub async fn get(
     path = "/v1/refunds",
     tag = "refunds",
     operation_id = "listRefunds",
-    params(RefundPage),
+    params(
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "1 to 100, default 10."),
+        ("starting_after" = Option<String>, Query, pattern = "^re_[0-9a-f]{32}$", description = "The id of the last refund of the previous page."),
+    ),
     responses((status = 200, description = "A page of refunds", body = RefundList)),
     security(("bearerAuth" = [])),
 )]
@@ -115,12 +127,16 @@ pub async fn list(
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,
     request: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    let (limit, starting_after) =
-        render::page_query(request.query_string(), RefundId::parse, "re_", |_, _| None)?;
+    let page = query::page(request.query_string(), RefundId::parse, REFUND_ID)?;
     let found = refunds
-        .list(merchant, None, limit + 1, starting_after)
+        .list(merchant, None, page.limit + 1, page.starting_after)
         .await?;
-    render::page("/v1/refunds".to_owned(), found, limit)
+    render::page(
+        "/v1/refunds".to_owned(),
+        &found,
+        page.limit,
+        api::Refund::from,
+    )
 }
 
 /// `GET /v1/charges/{id}/refunds`: the charge's refunds, newest first.
@@ -131,7 +147,8 @@ pub async fn list(
     operation_id = "listRefundsOfCharge",
     params(
         ("id" = String, Path, description = "The charge's id (`ch_...`)", example = "ch_0193a5c1e0b37f7aa1e0c2d4b5f6a7b8"),
-        RefundPage,
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "1 to 100, default 10."),
+        ("starting_after" = Option<String>, Query, pattern = "^re_[0-9a-f]{32}$", description = "The id of the last refund of the previous page."),
     ),
     responses((status = 200, description = "A page of the charge's refunds", body = RefundList)),
     security(("bearerAuth" = [])),
@@ -143,10 +160,14 @@ pub async fn list_of_charge(
     request: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let charge = ChargeId::parse(&charge).ok_or(ApiError::NotFound)?;
-    let (limit, starting_after) =
-        render::page_query(request.query_string(), RefundId::parse, "re_", |_, _| None)?;
+    let page = query::page(request.query_string(), RefundId::parse, REFUND_ID)?;
     let found = refunds
-        .list(merchant, Some(charge), limit + 1, starting_after)
+        .list(merchant, Some(charge), page.limit + 1, page.starting_after)
         .await?;
-    render::page(format!("/v1/charges/{charge}/refunds"), found, limit)
+    render::page(
+        format!("/v1/charges/{charge}/refunds"),
+        &found,
+        page.limit,
+        api::Refund::from,
+    )
 }

@@ -4,7 +4,8 @@
 //! is built from this same list. So a handler cannot be served without being
 //! documented, nor documented without being served. Nothing else in `src/`
 //! registers a route; tests/api/openapi.rs checks that, and probes every
-//! documented operation on a running service.
+//! documented operation on a running service. This is the only module that
+//! knows every handler; the handlers and `openapi` know none of it.
 
 use actix_web::http::Method;
 use actix_web::{web, FromRequest, Handler, HttpResponse, Responder, Route};
@@ -149,6 +150,19 @@ pub fn api(served: Served) -> Routes {
             .add::<demo::__path_create_charge, _, _>(demo::create_charge);
     }
     routes
+}
+
+/// The OpenAPI document of the routes `served` as JSON.
+pub fn document(served: Served) -> Result<serde_json::Value, serde_json::Error> {
+    openapi::rendered(api(served).into_paths())
+}
+
+/// Built here rather than in `openapi`, which would otherwise have to know
+/// every handler.
+impl openapi::Rendered {
+    pub fn new(served: Served) -> Result<Self, serde_json::Error> {
+        serde_json::to_string(&document(served)?).map(Self)
+    }
 }
 
 /// The routes of `metrics.port`'s own server.

@@ -5,18 +5,19 @@
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
-use serde::Serialize;
+use chargeonce_api as api;
 
-use super::openapi::{
-    DeletedWebhookEndpoint, WebhookEndpointCreated, WebhookEndpointList, WebhookEndpointPage,
-    WebhookEndpointRequest,
-};
-use super::query::Params;
-use super::render::REPLAYED;
-use super::{body, AuthenticatedMerchant, HttpLimits};
-use crate::domain::{NewWebhookEndpoint, RequestFingerprint, WebhookEndpoint, WebhookEndpointId};
+use super::auth::AuthenticatedMerchant;
+use super::body::{self, HttpLimits};
+use super::query;
+use super::render::{self, REPLAYED};
+use crate::domain::{NewWebhookEndpoint, RequestFingerprint, WebhookEndpointId};
 use crate::error::ApiError;
 use crate::service::webhook_endpoints::WebhookEndpoints;
+
+/// A page of endpoints, by the name the document gives it
+/// (`WebhookEndpointList`).
+type WebhookEndpointList = api::List<api::WebhookEndpoint>;
 
 /// Create a webhook endpoint, at most once per `Idempotency-Key`.
 ///
@@ -28,9 +29,9 @@ use crate::service::webhook_endpoints::WebhookEndpoints;
     tag = "webhook_endpoints",
     operation_id = "createWebhookEndpoint",
     params(("Idempotency-Key" = String, Header, description = "Names this logical request: 1 to 255 visible ASCII characters (a quoted form, `\"abc\"`, names the same key as `abc`). The same key with the same body replays the first answer; with another body it is 422.", pattern = "^[!-~]{1,255}$", example = "order-1042-attempt")),
-    request_body(content = WebhookEndpointRequest, content_type = "application/json"),
+    request_body(content = api::NewWebhookEndpoint, content_type = "application/json"),
     responses(
-        (status = 201, description = "Created", body = WebhookEndpointCreated, headers(
+        (status = 201, description = "Created: the endpoint and its `secret`", body = api::WebhookEndpoint, headers(
             ("Idempotent-Replayed" = String, description = "`true` when this answer is the replay of an earlier request with the same key and body; absent on the first answer"),
         )),
     ),
@@ -52,7 +53,7 @@ pub(super) async fn create(
         .create(merchant, &key, fingerprint, &new_endpoint)
         .await?;
     // From the stored row alone, so a replay is the same bytes.
-    let body = to_json(&reply.endpoint.as_created())?;
+    let body = render::to_json(&reply.endpoint.as_created())?;
     let mut response = HttpResponse::build(StatusCode::CREATED);
     response.content_type("application/json");
     if reply.replayed {
@@ -61,21 +62,16 @@ pub(super) async fn create(
     Ok(response.body(body))
 }
 
-#[derive(Serialize)]
-struct Page<'a> {
-    object: &'static str,
-    url: &'static str,
-    has_more: bool,
-    data: &'a [WebhookEndpoint],
-}
-
 /// The merchant's endpoints that are not deleted, newest first.
 #[utoipa::path(
     get,
     path = "/v1/webhook_endpoints",
     tag = "webhook_endpoints",
     operation_id = "listWebhookEndpoints",
-    params(WebhookEndpointPage),
+    params(
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "1 to 100, default 10."),
+        ("starting_after" = Option<String>, Query, pattern = "^we_[0-9a-f]{32}$", description = "The id of the last endpoint of the previous page."),
+    ),
     responses((status = 200, description = "A page of endpoints", body = WebhookEndpointList)),
     security(("bearerAuth" = [])),
 )]
@@ -84,26 +80,20 @@ pub(super) async fn list(
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,
     request: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    let mut params = Params::parse(request.query_string())?;
-    let limit = params.limit();
-    let starting_after = params.parsed(
-        "starting_after",
+    let page = query::page(
+        request.query_string(),
         WebhookEndpointId::parse,
         "a webhook endpoint id (we_...)",
-    );
-    params.finish()?;
-    let mut found = endpoints.list(merchant, limit + 1, starting_after).await?;
-    let has_more = found.len() as i64 > limit;
-    found.truncate(limit as usize);
-    let page = Page {
-        object: "list",
-        url: "/v1/webhook_endpoints",
-        has_more,
-        data: &found,
-    };
-    Ok(HttpResponse::Ok()
-        .content_type("application/json")
-        .body(to_json(&page)?))
+    )?;
+    let found = endpoints
+        .list(merchant, page.limit + 1, page.starting_after)
+        .await?;
+    render::page(
+        "/v1/webhook_endpoints".to_owned(),
+        &found,
+        page.limit,
+        api::WebhookEndpoint::from,
+    )
 }
 
 /// Deletes the endpoint and answers with it (no secret, `"deleted": true`).
@@ -117,7 +107,7 @@ pub(super) async fn list(
     tag = "webhook_endpoints",
     operation_id = "deleteWebhookEndpoint",
     params(("id" = String, Path, description = "The endpoint's id (`we_...`)", example = "we_0193a5c1e0b37f7aa1e0c2d4b5f6a7c1")),
-    responses((status = 200, description = "The deleted endpoint", body = DeletedWebhookEndpoint)),
+    responses((status = 200, description = "The deleted endpoint", body = api::WebhookEndpoint)),
     security(("bearerAuth" = [])),
 )]
 pub(super) async fn delete(
@@ -127,11 +117,5 @@ pub(super) async fn delete(
 ) -> Result<HttpResponse, ApiError> {
     let id = WebhookEndpointId::parse(&id).ok_or(ApiError::NotFound)?;
     let deleted = endpoints.delete(merchant, id).await?;
-    Ok(HttpResponse::Ok()
-        .content_type("application/json")
-        .body(to_json(&deleted)?))
-}
-
-fn to_json<T: Serialize>(value: &T) -> Result<String, ApiError> {
-    serde_json::to_string(value).map_err(|e| ApiError::Internal(e.into()))
+    render::json(&api::WebhookEndpoint::from(&deleted))
 }

@@ -11,6 +11,7 @@ mod connections;
 mod demo;
 mod events;
 mod helpers;
+mod lists;
 mod observability;
 mod openapi;
 mod plans;

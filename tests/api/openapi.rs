@@ -119,7 +119,7 @@ async fn every_route_is_documented_and_every_documented_route_is_served() {
     let documented = operations(&document);
     assert_eq!(documented, table(ALL), "registered routes vs /openapi.json");
     assert_eq!(
-        chargeonce::http::openapi::rendered(ALL).ok(),
+        routes::document(ALL).ok(),
         Some(document.clone()),
         "the served document is rendered(served)"
     );
@@ -319,7 +319,7 @@ fn nothing_registers_routes_but_the_documented_table() {
 
 #[test]
 fn every_problem_code_is_documented_with_an_example() {
-    let document = chargeonce::http::openapi::rendered(ALL).expect("renders");
+    let document = routes::document(ALL).expect("renders");
     let mut documented = BTreeSet::new();
     for item in document["paths"].as_object().expect("paths").values() {
         for operation in item.as_object().expect("item").values() {
@@ -363,7 +363,7 @@ fn every_problem_code_is_documented_with_an_example() {
 
 #[test]
 fn operations_declare_their_auth_and_headers() {
-    let document = chargeonce::http::openapi::rendered(ALL).expect("renders");
+    let document = routes::document(ALL).expect("renders");
     let public = [
         "/healthz",
         "/readyz",
