@@ -10,6 +10,7 @@ use serde::ser::{Serialize, SerializeStruct, Serializer};
 use serde_json::Value;
 
 use super::fields::{limits, object, optional_text, parse_metadata, FieldError};
+use super::lifecycle::{Lease, Record};
 use super::{Amount, ChargeId, Currency, Fingerprint, MerchantId, Outcome, Status};
 
 /// A validated charge request.
@@ -114,10 +115,7 @@ pub struct Charge {
     pub status: Status,
     pub failure_code: Option<String>,
     pub failure_message: Option<String>,
-    pub locked_until: Option<DateTime<Utc>>,
-    /// Processor calls that ended without a final answer; sets the pace of
-    /// the next one (see `service::lifecycle::retry_delay`).
-    pub processor_attempts: i32,
+    pub lease: Lease,
     /// Pending and succeeded refunds together: never more than `amount`.
     pub refunds_reserved: i64,
     /// Succeeded refunds.
@@ -159,7 +157,7 @@ impl Charge {
     pub fn with_outcome(&self, outcome: &Outcome) -> Charge {
         let mut charge = self.clone();
         charge.status = outcome.status();
-        charge.locked_until = None;
+        charge.lease.locked_until = None;
         if let Outcome::Declined { code, message, .. } = outcome {
             charge.failure_code = Some(code.clone());
             charge.failure_message = Some(message.clone());
@@ -174,6 +172,40 @@ impl Charge {
             charge: self,
             amount_refunded: 0,
         })
+    }
+}
+
+impl Record for Charge {
+    fn uuid(&self) -> uuid::Uuid {
+        *self.id.as_uuid()
+    }
+
+    fn public_id(&self) -> String {
+        self.id.to_string()
+    }
+
+    fn merchant(&self) -> MerchantId {
+        self.merchant_id
+    }
+
+    fn status(&self) -> Status {
+        self.status
+    }
+
+    fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    fn created_at(&self) -> DateTime<Utc> {
+        self.created_at
+    }
+
+    fn heap_bytes(&self) -> usize {
+        Charge::heap_bytes(self)
+    }
+
+    fn created_json(&self) -> Result<String, serde_json::Error> {
+        Charge::created_json(self)
     }
 }
 
@@ -451,8 +483,7 @@ mod tests {
             status: Status::Succeeded,
             failure_code: None,
             failure_message: None,
-            locked_until: None,
-            processor_attempts: 0,
+            lease: Lease::default(),
             refunds_reserved: amount_refunded + 100,
             amount_refunded,
             processor_payment_id: Some("pay_1".to_owned()),

@@ -31,9 +31,8 @@ use moka::policy::EvictionPolicy;
 use moka::sync::Cache;
 use moka::Expiry;
 
+use crate::domain::lifecycle::Record;
 use crate::domain::{IdempotencyKey, MerchantId, Status};
-
-use super::lifecycle::Record;
 
 /// How long before its key's release an entry goes.
 pub const RELEASE_MARGIN: Duration = Duration::from_secs(300);
@@ -198,8 +197,7 @@ mod tests {
             status,
             failure_code: None,
             failure_message: None,
-            locked_until: None,
-            processor_attempts: 0,
+            lease: Default::default(),
             refunds_reserved: 0,
             amount_refunded: 0,
             processor_payment_id: None,
@@ -220,8 +218,7 @@ mod tests {
             status,
             failure_code: None,
             failure_message: None,
-            locked_until: None,
-            processor_attempts: 0,
+            lease: Default::default(),
             processor_payment_id: "pay_1".to_owned(),
             created_at: Utc::now(),
         }

@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::IdempotencySettings;
 use crate::db::{self, Database};
+use crate::domain::{Charge, Refund};
 use crate::service::ServiceError;
 use crate::telemetry::error_chain;
 
@@ -45,14 +46,14 @@ pub async fn sweep(db: &Database, settings: &IdempotencySettings) -> Result<u64,
     let batch = settings.sweep_batch_size;
     let mut total = 0;
     for _ in 0..MAX_BATCHES_PER_ROUND {
-        let released = db::charges::release_expired_keys(&conn, cutoff, batch).await?;
+        let released = db::records::release_expired_keys::<Charge>(&conn, cutoff, batch).await?;
         total += released;
         if released < batch as u64 {
             break;
         }
     }
     for _ in 0..MAX_BATCHES_PER_ROUND {
-        let released = db::refunds::release_expired_keys(&conn, cutoff, batch).await?;
+        let released = db::records::release_expired_keys::<Refund>(&conn, cutoff, batch).await?;
         total += released;
         if released < batch as u64 {
             break;
