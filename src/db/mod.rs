@@ -608,6 +608,21 @@ pub fn latest_migration() -> i64 {
         .unwrap_or(0)
 }
 
+/// The database's clock: every time rule is a rule on it (`crate::clock`).
+pub const DATABASE_NOW: Statement = Statement {
+    sql: "SELECT now() AS now",
+    params: &[],
+};
+
+/// The time now by the database's clock.
+pub async fn database_now(conn: &Conn) -> Result<chrono::DateTime<chrono::Utc>, DbError> {
+    let row = conn
+        .query_opt(&DATABASE_NOW, &[])
+        .await?
+        .ok_or_else(|| DbError::Decode("SELECT now() answered no row".to_owned()))?;
+    codec::column(&row, "now")
+}
+
 pub const APPLIED_MIGRATION: Statement = Statement {
     sql: "SELECT max(version)::bigint AS version FROM refinery_schema_history",
     params: &[],
@@ -698,6 +713,7 @@ pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
     ),
     ("webhook_deliveries::OF_EVENT", webhook_deliveries::OF_EVENT),
     ("db::APPLIED_MIGRATION", APPLIED_MIGRATION),
+    ("db::DATABASE_NOW", DATABASE_NOW),
 ];
 
 /// The newest migration version applied to the database, if any.

@@ -372,7 +372,7 @@ pub async fn record_unknown<R: Stored>(
                 &record.uuid(),
                 &our_lease,
                 &lease_ms(retry_in),
-                &Uuid::now_v7(),
+                &crate::clock::new_v7(),
                 &Json(record.clone().into_event()),
             ],
         )
@@ -398,7 +398,7 @@ pub async fn record_outcome<R: Stored>(
                 &code,
                 &message,
                 &processor_id,
-                &Uuid::now_v7(),
+                &crate::clock::new_v7(),
                 &Json(record.with_outcome(outcome).into_event()),
             ],
         )

@@ -224,7 +224,7 @@ pub async fn record_attempt(
                 &attempt.max_attempts,
                 &super::records::lease_ms(attempt.retry_in),
                 &attempt.error,
-                &Uuid::now_v7(),
+                &crate::clock::new_v7(),
                 &attempt.duration_ms,
             ],
         )

@@ -26,7 +26,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use moka::policy::EvictionPolicy;
 use moka::sync::Cache;
 use moka::Expiry;
@@ -152,7 +151,7 @@ impl<R: Record> ReplayCache<R> {
     fn lifetime_left(&self, record: &R) -> Option<Duration> {
         let created = record.created_at().min(record.id_time());
         let expires = created + self.retention.checked_sub(RELEASE_MARGIN)?;
-        (expires - Utc::now()).to_std().ok()
+        (expires - crate::clock::now()).to_std().ok()
     }
 
     /// Entries held now (after pending maintenance), for tests and metrics.
@@ -176,7 +175,7 @@ impl<R: Record> ReplayCache<R> {
 mod tests {
     use std::collections::BTreeMap;
 
-    use chrono::DateTime;
+    use chrono::{DateTime, Utc};
     use serde_json::json;
 
     use super::*;

@@ -4,7 +4,6 @@
 //! stays small and a key may be used again after the retention window. The
 //! charges themselves stay.
 
-use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::IdempotencySettings;
@@ -41,8 +40,9 @@ pub async fn run(db: Database, settings: IdempotencySettings, stop: Cancellation
 pub async fn sweep(db: &Database, settings: &IdempotencySettings) -> Result<u64, ServiceError> {
     let retention =
         chrono::Duration::from_std(settings.retention()).unwrap_or(chrono::Duration::MAX);
-    let cutoff = Utc::now() - retention;
     let conn = db.conn().await?;
+    // The database's clock, as for every time rule (`crate::clock`).
+    let cutoff = db::database_now(&conn).await? - retention;
     let batch = settings.sweep_batch_size;
     let mut total = 0;
     for _ in 0..MAX_BATCHES_PER_ROUND {
