@@ -165,6 +165,20 @@ impl Charge {
         charge
     }
 
+    /// The normalised request this charge was created from, as its
+    /// fingerprint was taken (`None` for a key stored under an older
+    /// fingerprint scheme): what a reuse of its key is compared with.
+    pub fn first_request(&self) -> Option<Value> {
+        let request = NewCharge {
+            amount: Amount::new(self.amount)?,
+            currency: Currency::parse(&self.currency)?,
+            customer: self.customer.clone(),
+            description: self.description.clone(),
+            metadata: self.metadata.clone(),
+        };
+        super::differences::first_request(&self.fingerprint, vec![request.normalised()])
+    }
+
     /// The public JSON of `into_created`, without a copy of the charge: what
     /// the replay cache keeps, so a replay is not rendered again.
     pub fn created_json(&self) -> Result<String, serde_json::Error> {

@@ -140,6 +140,28 @@ impl Refund {
         )
     }
 
+    /// The normalised request this refund was created from, as its
+    /// fingerprint was taken: with the amount it names, or without one (the
+    /// rest of the charge, which came to this amount). `None` for a key
+    /// stored under an older fingerprint scheme.
+    pub fn first_request(&self) -> Option<Value> {
+        let metadata = self.metadata.clone();
+        let with_amount = NewRefund {
+            amount: Amount::new(self.amount),
+            reason: self.reason,
+            metadata: metadata.clone(),
+        };
+        let the_rest = NewRefund {
+            amount: None,
+            reason: self.reason,
+            metadata,
+        };
+        super::differences::first_request(
+            &self.fingerprint,
+            vec![with_amount.normalised(), the_rest.normalised()],
+        )
+    }
+
     /// The refund as it will be once `outcome` is recorded.
     pub fn with_outcome(&self, outcome: &Outcome) -> Refund {
         let mut refund = self.clone();
