@@ -2,6 +2,7 @@
 //! See ARCHITECTURE.md for the map.
 
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod crash;
 pub mod db;

@@ -35,6 +35,7 @@ pub const WEBHOOK_OLDEST_AGE: &str = "chargeonce_webhook_oldest_undelivered_age_
 pub const WEBHOOK_ATTEMPTS: &str = "chargeonce_webhook_attempts_total";
 pub const WEBHOOK_ATTEMPT_DURATION: &str = "chargeonce_webhook_attempt_duration_seconds";
 pub const WEBHOOK_GIVEN_UP: &str = "chargeonce_webhook_deliveries_failed_total";
+pub const CLOCK_OFFSET: &str = "chargeonce_clock_offset_seconds";
 
 /// Latency buckets, seconds: a millisecond to half a minute.
 const BUCKETS: &[f64] = &[
@@ -154,6 +155,12 @@ fn describe() {
         "Events in the outbox not yet fanned out to webhook deliveries (still in the event queue), \
          counted up to 10000. Measured every second by each instance's dispatcher: the same \
          database-wide number from every instance."
+    );
+    describe_gauge!(
+        CLOCK_OFFSET,
+        "The database's clock minus this instance's, in seconds, measured every 30 s. Ids and \
+         the replay cache use the database's time whatever it is; beyond 60 s either way an \
+         error is logged: fix the machine's clock."
     );
     describe_gauge!(
         WEBHOOK_PENDING,
@@ -361,6 +368,10 @@ pub fn webhook_backlog(undispatched_events: i64, pending_deliveries: i64, oldest
     gauge!(WEBHOOK_UNDISPATCHED).set(undispatched_events as f64);
     gauge!(WEBHOOK_PENDING).set(pending_deliveries as f64);
     gauge!(WEBHOOK_OLDEST_AGE).set(oldest_age_secs);
+}
+
+pub fn clock_offset(seconds: f64) {
+    gauge!(CLOCK_OFFSET).set(seconds);
 }
 
 pub fn webhook_attempt(outcome: &'static str, took: Duration) {

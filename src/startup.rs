@@ -167,6 +167,12 @@ impl Application {
         // The background workers' own pool; it also shows the settings make
         // a valid pool before any HTTP worker builds its own.
         let background_db = Database::new(&settings.database, BACKGROUND_CONNECTIONS)?;
+        // Ids carry the database's time from the first one on
+        // (`crate::clock`); a database not readable yet leaves the local
+        // clock until the worker's next measurement.
+        if let Err(error) = workers::clock::measure(&background_db).await {
+            tracing::warn!(error = %crate::telemetry::error_chain(&error), "cannot read the database's clock yet");
+        }
         let demo = settings.demo.enabled;
         if demo {
             http::demo::ensure_demo_merchant(&background_db).await?;
@@ -305,6 +311,7 @@ impl Application {
                 settings.webhooks.interval,
                 stop.clone(),
             )),
+            tokio::spawn(workers::clock::run(background_db.clone(), stop.clone())),
             tokio::spawn(workers::event_retention::run(
                 background_db.clone(),
                 settings.events.clone(),

@@ -2,6 +2,11 @@
 //! need the same statement share one statement, hence one round trip and
 //! one commit.
 //!
+//! A batch holds the items of one merchant: on a database distributed by
+//! merchant its statement then runs on one shard, and the merchant is one
+//! parameter the statement's plan can use. Items of other merchants wait for
+//! the next batch, in their order.
+//!
 //! No timer: a request that finds a free slot (fewer than `max_in_flight`
 //! batches running) starts a batch at once, so a request alone goes alone,
 //! as fast as without batching. Requests that arrive while all slots are
@@ -26,6 +31,7 @@ use async_trait::async_trait;
 use tokio::sync::oneshot;
 
 use super::{Conn, Database, DbError};
+use crate::domain::MerchantId;
 
 /// How many batches of one statement may run at once on `db`'s pool: one
 /// per 8 connections, at least one. The default pool of an HTTP worker (16
@@ -48,6 +54,9 @@ pub trait BatchStatement: Send + Sync + 'static {
 
     /// For metrics and logs: which statement.
     fn name(&self) -> &'static str;
+
+    /// The merchant `item` belongs to: a batch holds one merchant's items.
+    fn merchant(&self, item: &Self::Item) -> MerchantId;
 
     /// Runs the statement for `items` in one transaction; an output per item,
     /// in order.
@@ -159,11 +168,30 @@ impl<S: BatchStatement> Shared<S> {
                     slot.freed = true;
                     return;
                 }
-                let take = state.queue.len().min(self.max_rows);
-                state.queue.drain(..take).collect()
+                self.take_batch(&mut state.queue)
             };
             self.run_batch(batch).await;
         }
+    }
+
+    /// The next batch: the first item waiting, and after it those of the
+    /// same merchant, at most `max_rows`. The others keep their order.
+    fn take_batch(&self, queue: &mut VecDeque<Waiting<S>>) -> Vec<Waiting<S>> {
+        let Some(first) = queue.front() else {
+            return Vec::new();
+        };
+        let merchant = self.statement.merchant(&first.item);
+        let mut batch = Vec::with_capacity(queue.len().min(self.max_rows));
+        let mut others = VecDeque::new();
+        for waiting in queue.drain(..) {
+            if batch.len() < self.max_rows && self.statement.merchant(&waiting.item) == merchant {
+                batch.push(waiting);
+            } else {
+                others.push_back(waiting);
+            }
+        }
+        *queue = others;
+        batch
     }
 
     /// The statement for `items` on a connection of the pool.

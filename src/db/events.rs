@@ -9,8 +9,8 @@ use tokio_postgres::types::Type;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use super::charges::uuid_v7_floor;
 use super::codec::column;
+use super::records::uuid_v7_floor;
 use super::{Conn, DbError, Statement};
 use crate::domain::{Event, EventId, EventType, MerchantId};
 

@@ -13,6 +13,7 @@ mod codec;
 mod connect;
 pub mod events;
 pub mod merchants;
+pub mod records;
 pub mod refunds;
 pub mod webhook_deliveries;
 pub mod webhook_endpoints;
@@ -607,6 +608,21 @@ pub fn latest_migration() -> i64 {
         .unwrap_or(0)
 }
 
+/// The database's clock: every time rule is a rule on it (`crate::clock`).
+pub const DATABASE_NOW: Statement = Statement {
+    sql: "SELECT now() AS now",
+    params: &[],
+};
+
+/// The time now by the database's clock.
+pub async fn database_now(conn: &Conn) -> Result<chrono::DateTime<chrono::Utc>, DbError> {
+    let row = conn
+        .query_opt(&DATABASE_NOW, &[])
+        .await?
+        .ok_or_else(|| DbError::Decode("SELECT now() answered no row".to_owned()))?;
+    codec::column(&row, "now")
+}
+
 pub const APPLIED_MIGRATION: Statement = Statement {
     sql: "SELECT max(version)::bigint AS version FROM refinery_schema_history",
     params: &[],
@@ -619,35 +635,56 @@ pub const APPLIED_MIGRATION: Statement = Statement {
 pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
     ("charges::INSERT_OR_FIND", charges::INSERT_OR_FIND),
     ("charges::INSERT_OR_FIND_MANY", charges::INSERT_OR_FIND_MANY),
-    ("charges::FIND_BY_KEY", charges::FIND_BY_KEY),
-    ("charges::FIND", charges::FIND),
-    ("charges::LIST", charges::LIST),
-    ("charges::TAKE_OVER_OR_READ", charges::TAKE_OVER_OR_READ),
-    ("charges::CLAIM_ABANDONED", charges::CLAIM_ABANDONED),
-    ("charges::RECORD_UNKNOWN", charges::RECORD_UNKNOWN),
-    ("charges::FORGET_UNCONFIRMED", charges::FORGET_UNCONFIRMED),
-    ("charges::RECORD_OUTCOME", charges::RECORD_OUTCOME),
-    ("charges::RECORD_OUTCOMES", charges::RECORD_OUTCOMES),
+    ("charges::FIND", charges::STATEMENTS.find),
+    ("charges::FIND_BY_KEY", charges::STATEMENTS.find_by_key),
+    ("charges::LIST", charges::STATEMENTS.list),
     (
-        "charges::RELEASE_EXPIRED_KEYS",
-        charges::RELEASE_EXPIRED_KEYS,
+        "charges::TAKE_OVER_OR_READ",
+        charges::STATEMENTS.take_over_or_read,
     ),
+    ("charges::ABANDONED", charges::STATEMENTS.abandoned),
+    ("charges::CLAIM", charges::STATEMENTS.claim),
+    (
+        "charges::RECORD_UNKNOWN",
+        charges::STATEMENTS.record_unknown,
+    ),
+    (
+        "charges::RECORD_OUTCOME",
+        charges::STATEMENTS.record_outcome,
+    ),
+    (
+        "charges::FORGET_UNCONFIRMED",
+        charges::STATEMENTS.forget_unconfirmed,
+    ),
+    ("charges::EXPIRED_KEYS", charges::STATEMENTS.expired_keys),
+    ("charges::RELEASE_KEY", charges::STATEMENTS.release_key),
     ("refunds::RESERVE", refunds::RESERVE),
     ("refunds::INSERT", refunds::INSERT),
     ("refunds::REFUNDABLE", refunds::REFUNDABLE),
-    ("refunds::FIND_BY_KEY", refunds::FIND_BY_KEY),
-    ("refunds::FIND", refunds::FIND),
-    ("refunds::LIST", refunds::LIST),
     ("refunds::LIST_OF_CHARGE", refunds::LIST_OF_CHARGE),
-    ("refunds::TAKE_OVER_OR_READ", refunds::TAKE_OVER_OR_READ),
-    ("refunds::CLAIM_ABANDONED", refunds::CLAIM_ABANDONED),
-    ("refunds::RECORD_OUTCOME", refunds::RECORD_OUTCOME),
-    ("refunds::RECORD_UNKNOWN", refunds::RECORD_UNKNOWN),
-    ("refunds::FORGET_UNCONFIRMED", refunds::FORGET_UNCONFIRMED),
+    ("refunds::FIND", refunds::STATEMENTS.find),
+    ("refunds::FIND_BY_KEY", refunds::STATEMENTS.find_by_key),
+    ("refunds::LIST", refunds::STATEMENTS.list),
     (
-        "refunds::RELEASE_EXPIRED_KEYS",
-        refunds::RELEASE_EXPIRED_KEYS,
+        "refunds::TAKE_OVER_OR_READ",
+        refunds::STATEMENTS.take_over_or_read,
     ),
+    ("refunds::ABANDONED", refunds::STATEMENTS.abandoned),
+    ("refunds::CLAIM", refunds::STATEMENTS.claim),
+    (
+        "refunds::RECORD_UNKNOWN",
+        refunds::STATEMENTS.record_unknown,
+    ),
+    (
+        "refunds::RECORD_OUTCOME",
+        refunds::STATEMENTS.record_outcome,
+    ),
+    (
+        "refunds::FORGET_UNCONFIRMED",
+        refunds::STATEMENTS.forget_unconfirmed,
+    ),
+    ("refunds::EXPIRED_KEYS", refunds::STATEMENTS.expired_keys),
+    ("refunds::RELEASE_KEY", refunds::STATEMENTS.release_key),
     ("merchants::CREATE", merchants::CREATE),
     ("merchants::ENSURE", merchants::ENSURE),
     ("merchants::FIND_BY_DIGEST", merchants::FIND_BY_DIGEST),
@@ -676,6 +713,7 @@ pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
     ),
     ("webhook_deliveries::OF_EVENT", webhook_deliveries::OF_EVENT),
     ("db::APPLIED_MIGRATION", APPLIED_MIGRATION),
+    ("db::DATABASE_NOW", DATABASE_NOW),
 ];
 
 /// The newest migration version applied to the database, if any.

@@ -155,7 +155,7 @@ impl Claim {
 /// See `CLAIM_DUE`.
 pub async fn claim_due(conn: &Conn, lease: Duration, batch: i64) -> Result<Claim, DbError> {
     let rows = conn
-        .query(&CLAIM_DUE, &[&super::charges::lease_ms(lease), &batch])
+        .query(&CLAIM_DUE, &[&super::records::lease_ms(lease), &batch])
         .await?;
     let mut claim = Claim::default();
     for row in &rows {
@@ -222,9 +222,9 @@ pub async fn record_attempt(
                 &attempt.delivered,
                 &attempt.status_code,
                 &attempt.max_attempts,
-                &super::charges::lease_ms(attempt.retry_in),
+                &super::records::lease_ms(attempt.retry_in),
                 &attempt.error,
-                &Uuid::now_v7(),
+                &crate::clock::new_v7(),
                 &attempt.duration_ms,
             ],
         )

@@ -11,6 +11,7 @@ use serde::ser::{Serialize, Serializer};
 use serde_json::Value;
 
 use super::fields::{limits, object, optional_text, parse_metadata, FieldError};
+use super::lifecycle::{Lease, Record};
 use super::{Amount, ChargeId, Currency, Fingerprint, MerchantId, Outcome, Status};
 
 /// A validated charge request.
@@ -115,10 +116,7 @@ pub struct Charge {
     pub status: Status,
     pub failure_code: Option<String>,
     pub failure_message: Option<String>,
-    pub locked_until: Option<DateTime<Utc>>,
-    /// Processor calls that ended without a final answer; sets the pace of
-    /// the next one (see `service::lifecycle::retry_delay`).
-    pub processor_attempts: i32,
+    pub lease: Lease,
     /// Pending and succeeded refunds together: never more than `amount`.
     pub refunds_reserved: i64,
     /// Succeeded refunds.
@@ -160,7 +158,7 @@ impl Charge {
     pub fn with_outcome(&self, outcome: &Outcome) -> Charge {
         let mut charge = self.clone();
         charge.status = outcome.status();
-        charge.locked_until = None;
+        charge.lease.locked_until = None;
         if let Outcome::Declined { code, message, .. } = outcome {
             charge.failure_code = Some(code.clone());
             charge.failure_message = Some(message.clone());
@@ -168,10 +166,58 @@ impl Charge {
         charge
     }
 
+    /// The normalised request this charge was created from, as its
+    /// fingerprint was taken (`None` for a key stored under an older
+    /// fingerprint scheme): what a reuse of its key is compared with.
+    pub fn first_request(&self) -> Option<Value> {
+        let request = NewCharge {
+            amount: Amount::new(self.amount)?,
+            currency: Currency::parse(&self.currency)?,
+            customer: self.customer.clone(),
+            description: self.description.clone(),
+            metadata: self.metadata.clone(),
+        };
+        super::differences::first_request(&self.fingerprint, vec![request.normalised()])
+    }
+
     /// The public JSON of `into_created`, without a copy of the charge: what
     /// the replay cache keeps, so a replay is not rendered again.
     pub fn created_json(&self) -> Result<String, serde_json::Error> {
         serde_json::to_string(&super::wire::charge_with(self, 0))
+    }
+}
+
+impl Record for Charge {
+    fn uuid(&self) -> uuid::Uuid {
+        *self.id.as_uuid()
+    }
+
+    fn public_id(&self) -> String {
+        self.id.to_string()
+    }
+
+    fn merchant(&self) -> MerchantId {
+        self.merchant_id
+    }
+
+    fn status(&self) -> Status {
+        self.status
+    }
+
+    fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    fn created_at(&self) -> DateTime<Utc> {
+        self.created_at
+    }
+
+    fn heap_bytes(&self) -> usize {
+        Charge::heap_bytes(self)
+    }
+
+    fn created_json(&self) -> Result<String, serde_json::Error> {
+        Charge::created_json(self)
     }
 }
 
@@ -410,8 +456,7 @@ mod tests {
             status: Status::Succeeded,
             failure_code: None,
             failure_message: None,
-            locked_until: None,
-            processor_attempts: 0,
+            lease: Lease::default(),
             refunds_reserved: amount_refunded + 100,
             amount_refunded,
             processor_payment_id: Some("pay_1".to_owned()),

@@ -16,7 +16,7 @@ macro_rules! prefixed_id {
             pub const PREFIX: &'static str = $prefix;
 
             pub fn new() -> Self {
-                Self(Uuid::now_v7())
+                Self(crate::clock::new_v7())
             }
 
             pub fn from_uuid(uuid: Uuid) -> Self {

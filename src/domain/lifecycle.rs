@@ -1,5 +1,11 @@
-//! What charges and refunds share: their status, and the processor's final
-//! word on them.
+//! What charges and refunds share: their status, their processing lease,
+//! the processor's final word on them, and what the lifecycle engine
+//! (`service::lifecycle`) and the replay cache need to know of a record.
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::MerchantId;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
@@ -66,6 +72,50 @@ impl Outcome {
                 Some(message.as_str()),
             ),
         }
+    }
+}
+
+/// The processing lease of a pending charge or refund: while
+/// `locked_until` lies in the future (by the database's clock), a request or
+/// the recovery worker is calling the processor for it and nobody else may.
+/// Final records hold no lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Lease {
+    pub locked_until: Option<DateTime<Utc>>,
+    /// Processor calls that ended without a final answer; they set the
+    /// pace of the next one (`service::lifecycle::retry_delay`).
+    pub processor_attempts: i32,
+}
+
+/// A stored charge or refund, as the lifecycle engine and the replay cache
+/// see it.
+pub trait Record: Clone + Send + Sync + 'static {
+    fn uuid(&self) -> Uuid;
+    /// The id as clients see it (`ch_…`, `re_…`), for log lines.
+    fn public_id(&self) -> String;
+    fn merchant(&self) -> MerchantId;
+    fn status(&self) -> Status;
+    fn lease(&self) -> &Lease;
+    /// When the row was inserted, by the database's clock.
+    fn created_at(&self) -> DateTime<Utc>;
+    /// About how many bytes the record holds on the heap (its strings and
+    /// maps), to bound the replay cache.
+    fn heap_bytes(&self) -> usize;
+    /// The public JSON of the record as the answer to its creation shows it
+    /// (a charge before any refund: `Charge::into_created`). The replay
+    /// cache keeps it, so a replay is not rendered again.
+    fn created_json(&self) -> Result<String, serde_json::Error>;
+
+    /// The time in the record's id (a UUIDv7): its replay window and the
+    /// key's release are counted from it.
+    fn id_time(&self) -> DateTime<Utc> {
+        self.uuid()
+            .get_timestamp()
+            .and_then(|at| {
+                let (seconds, nanos) = at.to_unix();
+                DateTime::from_timestamp(i64::try_from(seconds).ok()?, nanos)
+            })
+            .unwrap_or(DateTime::<Utc>::MIN_UTC)
     }
 }
 

@@ -3,6 +3,7 @@
 
 pub mod api_key;
 pub mod charge;
+pub mod differences;
 pub mod event;
 pub mod fields;
 pub mod fingerprint;

@@ -136,6 +136,130 @@ proptest! {
     }
 }
 
+/// A second request with the same key: `first` with some of its fields
+/// changed (each bit of `changes` changes one), or as it was.
+fn second(first: &Request, changes: u8, extra: &str) -> Request {
+    let mut second = first.clone();
+    if changes & 1 != 0 {
+        second.amount = if first.amount == 1 {
+            2
+        } else {
+            first.amount - 1
+        };
+    }
+    if changes & 2 != 0 {
+        second.currency = if first.currency == "USD" {
+            "EUR"
+        } else {
+            "USD"
+        };
+    }
+    if changes & 4 != 0 {
+        second.customer = match &first.customer {
+            None => Some(extra.to_owned()),
+            Some(_) => None,
+        };
+    }
+    if changes & 8 != 0 {
+        second.description = Some(format!(
+            "{}x",
+            first.description.clone().unwrap_or_default()
+        ));
+    }
+    if changes & 16 != 0 {
+        second
+            .metadata
+            .insert("zz-added".to_owned(), extra.to_owned());
+    }
+    if changes & 32 != 0 {
+        if let Some(key) = first.metadata.keys().next().cloned() {
+            second.metadata.remove(&key);
+        }
+    }
+    if changes & 64 != 0 {
+        if let Some(key) = first.metadata.keys().last().cloned() {
+            second.metadata.insert(key, format!("{extra}-changed"));
+        }
+    }
+    second
+}
+
+/// The fields that differ between two requests, by comparing them field by
+/// field (not through JSON), in name order.
+fn changed_fields(first: &Request, second: &Request) -> Vec<String> {
+    let mut changed = Vec::new();
+    if first.amount != second.amount {
+        changed.push("amount".to_owned());
+    }
+    if first.currency != second.currency {
+        changed.push("currency".to_owned());
+    }
+    if first.customer != second.customer {
+        changed.push("customer".to_owned());
+    }
+    if first.description != second.description {
+        changed.push("description".to_owned());
+    }
+    let keys: std::collections::BTreeSet<&String> = first
+        .metadata
+        .keys()
+        .chain(second.metadata.keys())
+        .collect();
+    for key in keys {
+        if first.metadata.get(key) != second.metadata.get(key) {
+            changed.push(format!("metadata.{key}"));
+        }
+    }
+    changed
+}
+
+/// The charge stored for `request`, as the service stores it.
+fn stored_charge(request: &Request, style: u8) -> super::Charge {
+    let body = render(request, style);
+    super::Charge {
+        id: super::ChargeId::new(),
+        merchant_id: super::MerchantId::from_uuid(uuid::Uuid::nil()),
+        fingerprint: fingerprint(&body),
+        amount: request.amount,
+        currency: request.currency.to_owned(),
+        customer: request.customer.clone(),
+        description: request.description.clone(),
+        metadata: request.metadata.clone(),
+        status: super::Status::Succeeded,
+        failure_code: None,
+        failure_message: None,
+        lease: super::lifecycle::Lease::default(),
+        refunds_reserved: 0,
+        amount_refunded: 0,
+        processor_payment_id: None,
+        created_at: chrono::Utc::now(),
+    }
+}
+
+proptest! {
+    /// A key reused with another request names exactly the fields that
+    /// changed, worked out from the stored charge alone; with an equivalent
+    /// request (the fingerprints equal), none.
+    #[test]
+    fn the_differing_fields_are_exactly_the_changed_ones(
+        first in request(), changes in 0u8..128, extra in text(), a in 0u8..64, b in 0u8..64,
+    ) {
+        let second = second(&first, changes, &extra);
+        let stored = stored_charge(&first, a);
+        let first_request = stored.first_request();
+        prop_assert!(first_request.is_some(), "the stored charge gives back its request");
+        let new_body = render(&second, b);
+        let new = NewCharge::parse(&strict_json::parse(new_body.as_bytes()).expect("JSON"))
+            .expect("a valid charge");
+        let differing = super::differences::differing_fields(
+            &first_request.unwrap_or_default(),
+            &new.normalised(),
+        );
+        prop_assert_eq!(differing.is_empty(), stored.fingerprint == fingerprint(&new_body));
+        prop_assert_eq!(differing, changed_fields(&first, &second));
+    }
+}
+
 /// JSON values shaped roughly like charge requests, with every kind of
 /// value in every place.
 fn json_value() -> impl Strategy<Value = Value> {

@@ -10,6 +10,7 @@ use serde::ser::{Serialize, Serializer};
 use serde_json::Value;
 
 use super::fields::{object, parse_metadata, FieldError};
+use super::lifecycle::{Lease, Record};
 use super::{Amount, ChargeId, Fingerprint, MerchantId, Outcome, RefundId, Status};
 
 /// Why a merchant refunds; optional.
@@ -120,8 +121,7 @@ pub struct Refund {
     pub status: Status,
     pub failure_code: Option<String>,
     pub failure_message: Option<String>,
-    pub locked_until: Option<DateTime<Utc>>,
-    pub processor_attempts: i32,
+    pub lease: Lease,
     /// The processor's id of the charge's payment, which this refunds.
     pub processor_payment_id: String,
     pub created_at: DateTime<Utc>,
@@ -141,16 +141,74 @@ impl Refund {
         )
     }
 
+    /// The normalised request this refund was created from, as its
+    /// fingerprint was taken: with the amount it names, or without one (the
+    /// rest of the charge, which came to this amount). `None` for a key
+    /// stored under an older fingerprint scheme.
+    pub fn first_request(&self) -> Option<Value> {
+        let metadata = self.metadata.clone();
+        let with_amount = NewRefund {
+            amount: Amount::new(self.amount),
+            reason: self.reason,
+            metadata: metadata.clone(),
+        };
+        let the_rest = NewRefund {
+            amount: None,
+            reason: self.reason,
+            metadata,
+        };
+        super::differences::first_request(
+            &self.fingerprint,
+            vec![with_amount.normalised(), the_rest.normalised()],
+        )
+    }
+
     /// The refund as it will be once `outcome` is recorded.
     pub fn with_outcome(&self, outcome: &Outcome) -> Refund {
         let mut refund = self.clone();
         refund.status = outcome.status();
-        refund.locked_until = None;
+        refund.lease.locked_until = None;
         if let Outcome::Declined { code, message, .. } = outcome {
             refund.failure_code = Some(code.clone());
             refund.failure_message = Some(message.clone());
         }
         refund
+    }
+}
+
+impl Record for Refund {
+    fn uuid(&self) -> uuid::Uuid {
+        *self.id.as_uuid()
+    }
+
+    fn public_id(&self) -> String {
+        self.id.to_string()
+    }
+
+    fn merchant(&self) -> MerchantId {
+        self.merchant_id
+    }
+
+    fn status(&self) -> Status {
+        self.status
+    }
+
+    fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    fn created_at(&self) -> DateTime<Utc> {
+        self.created_at
+    }
+
+    fn heap_bytes(&self) -> usize {
+        Refund::heap_bytes(self)
+    }
+
+    /// A refund never changes after it is final: its form as created is
+    /// its form.
+    fn created_json(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string(self)
     }
 }
 
@@ -204,8 +262,7 @@ mod tests {
             status: Status::Failed,
             failure_code: Some("expired".to_owned()),
             failure_message: None,
-            locked_until: None,
-            processor_attempts: 0,
+            lease: Lease::default(),
             processor_payment_id: "pay_1".to_owned(),
             created_at: DateTime::from_timestamp(1_700_000_000, 0).expect("time"),
         };

@@ -7,19 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
-use uuid::Uuid;
 
 use crate::config::{IdempotencySettings, RecoverySettings};
 use crate::db::batch::{BatchStatement, Batcher};
 use crate::db::charges::PendingCharge;
 use crate::db::{self, Conn, Database, DbError};
-use crate::domain::{
-    Charge, ChargeId, IdempotencyKey, MerchantId, NewCharge, Outcome, RequestFingerprint, Status,
-};
+use crate::domain::{Charge, ChargeId, IdempotencyKey, MerchantId, NewCharge, RequestFingerprint};
 use crate::processor::{PaymentProcessor, PaymentRequest, ProcessorReply};
 
-use super::lifecycle::{Kind, Lifecycle, Record, Reply};
+use super::lifecycle::{Kind, Lifecycle, Reply};
 use super::ServiceError;
 
 pub use super::lifecycle::IN_USE_RETRY_AFTER;
@@ -51,6 +47,10 @@ impl BatchStatement for InsertCharges {
 
     fn name(&self) -> &'static str {
         "charges.insert_or_find"
+    }
+
+    fn merchant(&self, item: &PendingCharge) -> MerchantId {
+        item.merchant
     }
 
     async fn run(
@@ -149,7 +149,8 @@ impl Charges {
         starting_after: Option<ChargeId>,
     ) -> Result<Vec<Charge>, ServiceError> {
         let conn = self.flow.db.conn().await?;
-        Ok(db::charges::list(&conn, merchant, limit, starting_after).await?)
+        let starting_after = starting_after.map(|id| *id.as_uuid());
+        Ok(db::records::list(&conn, merchant, limit, starting_after).await?)
     }
 
     /// Finishes abandoned charges; see `Lifecycle::recover_abandoned`.
@@ -168,107 +169,16 @@ fn same_request(fingerprint: &RequestFingerprint, charge: &Charge) -> Result<(),
     Err(ServiceError::KeyReused)
 }
 
-impl Record for Charge {
-    fn uuid(&self) -> Uuid {
-        *self.id.as_uuid()
-    }
-
-    fn public_id(&self) -> String {
-        self.id.to_string()
-    }
-
-    fn merchant(&self) -> MerchantId {
-        self.merchant_id
-    }
-
-    fn status(&self) -> Status {
-        self.status
-    }
-
-    fn processor_attempts(&self) -> i32 {
-        self.processor_attempts
-    }
-
-    fn created_at(&self) -> DateTime<Utc> {
-        self.created_at
-    }
-
-    fn heap_bytes(&self) -> usize {
-        self.heap_bytes()
-    }
-
-    fn created_json(&self) -> Result<String, serde_json::Error> {
-        self.created_json()
-    }
-}
-
-/// Charges for the lifecycle engine: `db::charges` and a payment call.
+/// Charges for the lifecycle engine: a payment call, and outcomes in
+/// batches.
 pub struct ChargeKind;
 
 #[async_trait]
 impl Kind for ChargeKind {
     type Record = Charge;
     const NAME: &'static str = "charge";
-
-    async fn find(
-        &self,
-        conn: &Conn,
-        merchant: MerchantId,
-        id: Uuid,
-    ) -> Result<Option<Charge>, DbError> {
-        db::charges::find(conn, merchant, ChargeId::from_uuid(id)).await
-    }
-
-    async fn take_over_or_read(
-        &self,
-        conn: &Conn,
-        merchant: MerchantId,
-        id: Uuid,
-        lease: Duration,
-    ) -> Result<Option<(Charge, bool)>, DbError> {
-        db::charges::take_over_or_read(conn, merchant, ChargeId::from_uuid(id), lease).await
-    }
-
-    async fn claim_abandoned(
-        &self,
-        conn: &Conn,
-        lease: Duration,
-        batch: i64,
-    ) -> Result<Vec<Charge>, DbError> {
-        db::charges::claim_abandoned(conn, lease, batch).await
-    }
-
     const RECORD_OUTCOMES: &'static str = "charges.record_outcomes";
-    const OUTCOMES_PER_STATEMENT: usize = usize::MAX;
-
-    async fn record_outcomes(
-        &self,
-        conn: &Conn,
-        items: &[(Charge, Outcome)],
-    ) -> Result<Vec<Option<Charge>>, DbError> {
-        db::charges::record_outcomes(conn, items).await
-    }
-
-    async fn record_unknown(
-        &self,
-        conn: &Conn,
-        charge: &Charge,
-        retry_in: Duration,
-    ) -> Result<Option<Charge>, DbError> {
-        match charge.locked_until {
-            Some(lease) => db::charges::record_unknown(conn, charge, lease, retry_in).await,
-            None => Ok(None),
-        }
-    }
-
-    async fn forget_unconfirmed(
-        &self,
-        conn: &Conn,
-        merchant: MerchantId,
-        id: Uuid,
-    ) -> Result<bool, DbError> {
-        db::charges::forget_unconfirmed(conn, merchant, ChargeId::from_uuid(id)).await
-    }
+    const OUTCOMES_PER_TRANSACTION: usize = usize::MAX;
 
     async fn call_processor(
         &self,

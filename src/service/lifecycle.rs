@@ -29,7 +29,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use rand::Rng;
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -37,9 +36,10 @@ use uuid::Uuid;
 use crate::config::{IdempotencySettings, RecoverySettings};
 use crate::crash;
 use crate::db::batch::{self, BatchStatement, Batcher};
+use crate::db::records::{self, Stored};
 use crate::db::{Conn, Database, DbError};
-use crate::domain::IdempotencyKey;
-use crate::domain::{MerchantId, Outcome, Status};
+use crate::domain::lifecycle::Record;
+use crate::domain::{IdempotencyKey, MerchantId, Outcome, Status};
 use crate::metrics;
 use crate::processor::{PaymentProcessor, ProcessorReply};
 use crate::telemetry::{self, error_chain};
@@ -68,91 +68,20 @@ const MAX_RECORD_PAUSE: Duration = Duration::from_secs(1);
 /// up to 0.05 %, 15 ms in a 30 s lease).
 const LEASE_CLOCK_MARGIN: Duration = Duration::from_millis(50);
 
-/// A stored charge or refund, as the engine sees it.
-pub trait Record: Clone + Send + Sync + 'static {
-    fn uuid(&self) -> Uuid;
-    /// The id as clients see it (`ch_…`, `re_…`), for log lines.
-    fn public_id(&self) -> String;
-    fn merchant(&self) -> MerchantId;
-    fn status(&self) -> Status;
-    fn processor_attempts(&self) -> i32;
-    fn created_at(&self) -> DateTime<Utc>;
-    /// About how many bytes the record holds on the heap (its strings and
-    /// maps), to bound the replay cache.
-    fn heap_bytes(&self) -> usize;
-    /// The public JSON of the record as the answer to its creation shows it
-    /// (a charge before any refund: `Charge::into_created`). The replay
-    /// cache keeps it, so a replay is not rendered again.
-    fn created_json(&self) -> Result<String, serde_json::Error>;
-
-    /// The time in the record's id (a UUIDv7), which the retention sweeper
-    /// counts from.
-    fn id_time(&self) -> DateTime<Utc> {
-        self.uuid()
-            .get_timestamp()
-            .and_then(|at| {
-                let (seconds, nanos) = at.to_unix();
-                DateTime::from_timestamp(i64::try_from(seconds).ok()?, nanos)
-            })
-            .unwrap_or(DateTime::<Utc>::MIN_UTC)
-    }
-}
-
-/// The statements and the processor call of one kind of record.
+/// What differs between the kinds of record: the processor call, and how
+/// many outcomes one transaction may record. Everything else the engine
+/// runs for any kind through `db::records`.
 #[async_trait]
 pub trait Kind: Send + Sync + 'static {
-    type Record: Record;
-    /// For log lines: "charge", "refund".
+    type Record: Stored;
+    /// For log lines and metrics: "charge", "refund".
     const NAME: &'static str;
-
-    async fn find(
-        &self,
-        conn: &Conn,
-        merchant: MerchantId,
-        id: Uuid,
-    ) -> Result<Option<Self::Record>, DbError>;
-    /// Takes the lease over if it ran out, else reads the row; whether it
-    /// is ours now.
-    async fn take_over_or_read(
-        &self,
-        conn: &Conn,
-        merchant: MerchantId,
-        id: Uuid,
-        lease: Duration,
-    ) -> Result<Option<(Self::Record, bool)>, DbError>;
-    async fn claim_abandoned(
-        &self,
-        conn: &Conn,
-        lease: Duration,
-        batch: i64,
-    ) -> Result<Vec<Self::Record>, DbError>;
     /// For metrics: the name of the batched outcome recording.
     const RECORD_OUTCOMES: &'static str;
     /// The most outcomes one transaction may record (`database.batch_rows`
     /// bounds it further); 1 records each alone.
-    const OUTCOMES_PER_STATEMENT: usize;
-    /// Records final outcomes (each with its event) in one transaction; per
-    /// item, the record as recorded or `None` if it was no longer pending.
-    async fn record_outcomes(
-        &self,
-        conn: &Conn,
-        items: &[(Self::Record, Outcome)],
-    ) -> Result<Vec<Option<Self::Record>>, DbError>;
-    /// Records an unknown outcome: ends our lease, counts the attempt, sets
-    /// the next recovery time; `None` if the lease is no longer ours.
-    async fn record_unknown(
-        &self,
-        conn: &Conn,
-        record: &Self::Record,
-        retry_in: Duration,
-    ) -> Result<Option<Self::Record>, DbError>;
-    /// Deletes the row if nobody has worked on it since its insert.
-    async fn forget_unconfirmed(
-        &self,
-        conn: &Conn,
-        merchant: MerchantId,
-        id: Uuid,
-    ) -> Result<bool, DbError>;
+    const OUTCOMES_PER_TRANSACTION: usize;
+
     async fn call_processor(
         &self,
         processor: &dyn PaymentProcessor,
@@ -213,7 +142,7 @@ pub struct Lifecycle<K: Kind> {
 }
 
 /// The outcome statement of a kind, for the batcher.
-struct RecordOutcomes<K: Kind>(Arc<K>);
+struct RecordOutcomes<K: Kind>(std::marker::PhantomData<K>);
 
 #[async_trait]
 impl<K: Kind> BatchStatement for RecordOutcomes<K> {
@@ -224,16 +153,20 @@ impl<K: Kind> BatchStatement for RecordOutcomes<K> {
         K::RECORD_OUTCOMES
     }
 
+    fn merchant(&self, (record, _): &Self::Item) -> MerchantId {
+        record.merchant()
+    }
+
     async fn run(&self, conn: &Conn, items: &[Self::Item]) -> Result<Vec<Self::Output>, DbError> {
-        self.0.record_outcomes(conn, items).await
+        records::record_outcomes(conn, items).await
     }
 }
 
-fn outcome_batcher<K: Kind>(db: &Database, kind: &Arc<K>) -> Batcher<RecordOutcomes<K>> {
-    let rows = db.batch_rows().min(K::OUTCOMES_PER_STATEMENT);
+fn outcome_batcher<K: Kind>(db: &Database) -> Batcher<RecordOutcomes<K>> {
+    let rows = db.batch_rows().min(K::OUTCOMES_PER_TRANSACTION);
     Batcher::with_limits(
         db.clone(),
-        RecordOutcomes(kind.clone()),
+        RecordOutcomes(std::marker::PhantomData),
         rows,
         batch::slots(db),
     )
@@ -265,7 +198,7 @@ impl<K: Kind> Lifecycle<K> {
     ) -> Self {
         let kind = Arc::new(kind);
         Self {
-            outcomes: outcome_batcher(&db, &kind),
+            outcomes: outcome_batcher(&db),
             db,
             kind,
             processor,
@@ -281,7 +214,7 @@ impl<K: Kind> Lifecycle<K> {
     /// its statements and its outcome batches both move.
     pub fn with_database(&self, db: Database) -> Self {
         let mut moved = self.clone();
-        moved.outcomes = outcome_batcher(&db, &self.kind);
+        moved.outcomes = outcome_batcher(&db);
         moved.db = db;
         moved
     }
@@ -292,8 +225,7 @@ impl<K: Kind> Lifecycle<K> {
 
     pub async fn find(&self, merchant: MerchantId, id: Uuid) -> Result<K::Record, ServiceError> {
         let conn = self.db.conn().await?;
-        self.kind
-            .find(&conn, merchant, id)
+        records::find(&conn, merchant, id)
             .await?
             .ok_or(ServiceError::NotFound)
     }
@@ -367,8 +299,7 @@ impl<K: Kind> Lifecycle<K> {
         loop {
             let found = {
                 let conn = self.db.conn().await?;
-                self.kind
-                    .take_over_or_read(&conn, record.merchant(), record.uuid(), self.lease)
+                records::take_over_or_read(&conn, record.merchant(), record.uuid(), self.lease)
                     .await?
             };
             let Some((current, taken)) = found else {
@@ -448,7 +379,7 @@ impl<K: Kind> Lifecycle<K> {
             while Instant::now() < until {
                 let forgotten = async {
                     let conn = this.db.conn().await?;
-                    this.kind.forget_unconfirmed(&conn, merchant, uuid).await
+                    records::forget_unconfirmed::<K::Record>(&conn, merchant, uuid).await
                 }
                 .await;
                 match forgotten {
@@ -473,7 +404,7 @@ impl<K: Kind> Lifecycle<K> {
     pub async fn recover_abandoned(&self, batch: i64) -> Result<usize, ServiceError> {
         let claimed = {
             let conn = self.db.conn().await?;
-            self.kind.claim_abandoned(&conn, self.lease, batch).await?
+            records::claim_abandoned::<K::Record>(&conn, self.lease, batch).await?
         };
         let count = claimed.len();
         metrics::recovery_claims(K::NAME, count);
@@ -486,7 +417,7 @@ impl<K: Kind> Lifecycle<K> {
         for result in results {
             match result {
                 Ok(record) if record.status() == Status::Pending => {
-                    tracing::info!(kind = K::NAME, id = %record.public_id(), attempts = record.processor_attempts(), "still pending after recovery attempt")
+                    tracing::info!(kind = K::NAME, id = %record.public_id(), attempts = record.lease().processor_attempts, "still pending after recovery attempt")
                 }
                 Ok(record) => {
                     tracing::info!(kind = K::NAME, id = %record.public_id(), status = record.status().as_str(), "recovered")
@@ -524,7 +455,7 @@ impl<K: Kind> Lifecycle<K> {
                     tracing::warn!(kind = K::NAME, %id, %reason, "processor outcome unknown; stays pending");
                 }
                 let retry_in = retry_delay(
-                    record.processor_attempts(),
+                    record.lease().processor_attempts,
                     self.retry_base,
                     self.retry_cap,
                     rand::thread_rng().gen(),
@@ -534,7 +465,7 @@ impl<K: Kind> Lifecycle<K> {
                 let recorded = self
                     .record_within_lease(&leased, "an unknown outcome", move || async move {
                         let conn = self.db.conn().await?;
-                        self.kind.record_unknown(&conn, record, retry_in).await
+                        records::record_unknown(&conn, record, retry_in).await
                     })
                     .await;
                 match recorded {
@@ -571,9 +502,7 @@ impl<K: Kind> Lifecycle<K> {
                     // as it is now.
                     None => {
                         let conn = self.db.conn().await?;
-                        self.kind
-                            .find(&conn, record.merchant(), record.uuid())
-                            .await
+                        records::find(&conn, record.merchant(), record.uuid()).await
                     }
                 }
             })

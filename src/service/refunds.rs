@@ -6,22 +6,18 @@
 //! it; PostgreSQL decides, under the charge's row lock.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
-use uuid::Uuid;
 
 use crate::config::{IdempotencySettings, RecoverySettings};
 use crate::db::refunds::Created;
-use crate::db::{self, Conn, Database, DbError};
+use crate::db::{self, Database};
 use crate::domain::{
-    ChargeId, IdempotencyKey, MerchantId, NewRefund, Outcome, Refund, RefundId, RequestFingerprint,
-    Status,
+    ChargeId, IdempotencyKey, MerchantId, NewRefund, Refund, RefundId, RequestFingerprint,
 };
 use crate::processor::{PaymentProcessor, ProcessorReply, RefundRequest};
 
-use super::lifecycle::{Kind, Lifecycle, Record, Reply};
+use super::lifecycle::{Kind, Lifecycle, Reply};
 use super::ServiceError;
 
 /// A refund to answer with (see `lifecycle::Reply`).
@@ -126,7 +122,7 @@ impl Refunds {
     ) -> Result<Vec<Refund>, ServiceError> {
         let conn = self.flow.db.conn().await?;
         if let Some(charge) = charge {
-            db::charges::find(&conn, merchant, charge)
+            db::records::find::<crate::domain::Charge>(&conn, merchant, *charge.as_uuid())
                 .await?
                 .ok_or(ServiceError::NotFound)?;
         }
@@ -154,43 +150,8 @@ fn same_request(
     Err(ServiceError::KeyReused)
 }
 
-impl Record for Refund {
-    fn uuid(&self) -> Uuid {
-        *self.id.as_uuid()
-    }
-
-    fn public_id(&self) -> String {
-        self.id.to_string()
-    }
-
-    fn merchant(&self) -> MerchantId {
-        self.merchant_id
-    }
-
-    fn status(&self) -> Status {
-        self.status
-    }
-
-    fn processor_attempts(&self) -> i32 {
-        self.processor_attempts
-    }
-
-    fn created_at(&self) -> DateTime<Utc> {
-        self.created_at
-    }
-
-    fn heap_bytes(&self) -> usize {
-        self.heap_bytes()
-    }
-
-    /// A refund never changes after it is final: its form as created is
-    /// its form.
-    fn created_json(&self) -> Result<String, serde_json::Error> {
-        serde_json::to_string(self)
-    }
-}
-
-/// Refunds for the lifecycle engine: `db::refunds` and a refund call.
+/// Refunds for the lifecycle engine: a refund call, and outcomes one at a
+/// time.
 pub struct RefundKind;
 
 #[async_trait]
@@ -198,71 +159,10 @@ impl Kind for RefundKind {
     type Record = Refund;
     const NAME: &'static str = "refund";
 
-    async fn find(
-        &self,
-        conn: &Conn,
-        merchant: MerchantId,
-        id: Uuid,
-    ) -> Result<Option<Refund>, DbError> {
-        db::refunds::find(conn, merchant, RefundId::from_uuid(id)).await
-    }
-
-    async fn take_over_or_read(
-        &self,
-        conn: &Conn,
-        merchant: MerchantId,
-        id: Uuid,
-        lease: Duration,
-    ) -> Result<Option<(Refund, bool)>, DbError> {
-        db::refunds::take_over_or_read(conn, merchant, RefundId::from_uuid(id), lease).await
-    }
-
-    async fn claim_abandoned(
-        &self,
-        conn: &Conn,
-        lease: Duration,
-        batch: i64,
-    ) -> Result<Vec<Refund>, DbError> {
-        db::refunds::claim_abandoned(conn, lease, batch).await
-    }
-
     const RECORD_OUTCOMES: &'static str = "refunds.record_outcome";
     /// A refund's outcome also updates its charge's totals, and refunds of
     /// one charge would meet on that row: each is recorded alone.
-    const OUTCOMES_PER_STATEMENT: usize = 1;
-
-    async fn record_outcomes(
-        &self,
-        conn: &Conn,
-        items: &[(Refund, Outcome)],
-    ) -> Result<Vec<Option<Refund>>, DbError> {
-        let mut recorded = Vec::with_capacity(items.len());
-        for (refund, outcome) in items {
-            recorded.push(db::refunds::record_outcome(conn, refund, outcome).await?);
-        }
-        Ok(recorded)
-    }
-
-    async fn record_unknown(
-        &self,
-        conn: &Conn,
-        refund: &Refund,
-        retry_in: Duration,
-    ) -> Result<Option<Refund>, DbError> {
-        match refund.locked_until {
-            Some(lease) => db::refunds::record_unknown(conn, refund, lease, retry_in).await,
-            None => Ok(None),
-        }
-    }
-
-    async fn forget_unconfirmed(
-        &self,
-        conn: &Conn,
-        merchant: MerchantId,
-        id: Uuid,
-    ) -> Result<bool, DbError> {
-        db::refunds::forget_unconfirmed(conn, merchant, RefundId::from_uuid(id)).await
-    }
+    const OUTCOMES_PER_TRANSACTION: usize = 1;
 
     async fn call_processor(
         &self,

@@ -26,14 +26,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use moka::policy::EvictionPolicy;
 use moka::sync::Cache;
 use moka::Expiry;
 
+use crate::domain::lifecycle::Record;
 use crate::domain::{IdempotencyKey, MerchantId, Status};
-
-use super::lifecycle::Record;
 
 /// How long before its key's release an entry goes.
 pub const RELEASE_MARGIN: Duration = Duration::from_secs(300);
@@ -153,7 +151,7 @@ impl<R: Record> ReplayCache<R> {
     fn lifetime_left(&self, record: &R) -> Option<Duration> {
         let created = record.created_at().min(record.id_time());
         let expires = created + self.retention.checked_sub(RELEASE_MARGIN)?;
-        (expires - Utc::now()).to_std().ok()
+        (expires - crate::clock::now()).to_std().ok()
     }
 
     /// Entries held now (after pending maintenance), for tests and metrics.
@@ -177,7 +175,7 @@ impl<R: Record> ReplayCache<R> {
 mod tests {
     use std::collections::BTreeMap;
 
-    use chrono::DateTime;
+    use chrono::{DateTime, Utc};
     use serde_json::json;
 
     use super::*;
@@ -198,8 +196,7 @@ mod tests {
             status,
             failure_code: None,
             failure_message: None,
-            locked_until: None,
-            processor_attempts: 0,
+            lease: Default::default(),
             refunds_reserved: 0,
             amount_refunded: 0,
             processor_payment_id: None,
@@ -220,8 +217,7 @@ mod tests {
             status,
             failure_code: None,
             failure_message: None,
-            locked_until: None,
-            processor_attempts: 0,
+            lease: Default::default(),
             processor_payment_id: "pay_1".to_owned(),
             created_at: Utc::now(),
         }

@@ -9,7 +9,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use tokio::time::Instant;
 use url::Url;
 
@@ -167,7 +166,7 @@ impl Sender {
             .to_json()
             .map_err(|e| unsendable(format!("cannot render the event: {e}")))?;
         let id = event.id.to_string();
-        let timestamp = Utc::now().timestamp();
+        let timestamp = crate::clock::now().timestamp();
         let signature = signature::sign(&key, &id, timestamp, &body);
         self.client
             .post(url)
@@ -254,7 +253,7 @@ mod tests {
             merchant_id: MerchantId::new(),
             event_type: EventType::ChargeSucceeded,
             data: serde_json::json!({"id": "ch_test"}),
-            created_at: Utc::now(),
+            created_at: chrono::Utc::now(),
         }
     }
 

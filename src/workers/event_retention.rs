@@ -3,7 +3,6 @@
 //! pending), in batches of `events.sweep_batch_size`; their deliveries and
 //! attempts go with them. An event still being delivered stays, however old.
 
-use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::EventSettings;
@@ -36,8 +35,9 @@ pub async fn run(db: Database, settings: EventSettings, stop: CancellationToken)
 pub async fn sweep(db: &Database, settings: &EventSettings) -> Result<u64, ServiceError> {
     let retention =
         chrono::Duration::from_std(settings.retention()).unwrap_or(chrono::Duration::MAX);
-    let cutoff = Utc::now() - retention;
     let conn = db.conn().await?;
+    // The database's clock, as for every time rule (`crate::clock`).
+    let cutoff = db::database_now(&conn).await? - retention;
     let mut total = 0;
     for _ in 0..MAX_BATCHES_PER_ROUND {
         let deleted = db::events::delete_expired(&conn, cutoff, settings.sweep_batch_size).await?;

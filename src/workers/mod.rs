@@ -2,6 +2,7 @@
 //! cancellation token fires, which happens once the HTTP server has drained.
 
 pub mod backlog;
+pub mod clock;
 pub mod dispatcher;
 pub mod event_retention;
 pub mod recovery;

@@ -4,11 +4,11 @@
 //! stays small and a key may be used again after the retention window. The
 //! charges themselves stay.
 
-use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::IdempotencySettings;
 use crate::db::{self, Database};
+use crate::domain::{Charge, Refund};
 use crate::service::ServiceError;
 use crate::telemetry::error_chain;
 
@@ -40,19 +40,20 @@ pub async fn run(db: Database, settings: IdempotencySettings, stop: Cancellation
 pub async fn sweep(db: &Database, settings: &IdempotencySettings) -> Result<u64, ServiceError> {
     let retention =
         chrono::Duration::from_std(settings.retention()).unwrap_or(chrono::Duration::MAX);
-    let cutoff = Utc::now() - retention;
     let conn = db.conn().await?;
+    // The database's clock, as for every time rule (`crate::clock`).
+    let cutoff = db::database_now(&conn).await? - retention;
     let batch = settings.sweep_batch_size;
     let mut total = 0;
     for _ in 0..MAX_BATCHES_PER_ROUND {
-        let released = db::charges::release_expired_keys(&conn, cutoff, batch).await?;
+        let released = db::records::release_expired_keys::<Charge>(&conn, cutoff, batch).await?;
         total += released;
         if released < batch as u64 {
             break;
         }
     }
     for _ in 0..MAX_BATCHES_PER_ROUND {
-        let released = db::refunds::release_expired_keys(&conn, cutoff, batch).await?;
+        let released = db::records::release_expired_keys::<Refund>(&conn, cutoff, batch).await?;
         total += released;
         if released < batch as u64 {
             break;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chargeonce::db::batch::{BatchStatement, Batcher};
 use chargeonce::db::charges::{self, PendingCharge};
+use chargeonce::db::records;
 use chargeonce::db::{Conn, DbError, Statement};
 use chargeonce::domain::{
     Charge, ChargeId, Fingerprint, IdempotencyKey, MerchantId, NewCharge, Outcome, Status,
@@ -26,8 +27,11 @@ use crate::helpers::{charge_body, spawn_app, spawn_app_with, Reply, TestApp};
 /// once. A number 0 kills the connection the statement runs on, an error of
 /// the database itself; `PANICS` makes the statement panic once it ran (a
 /// bug in a batch's task).
+///
+/// Numbers from 1000 on belong to another merchant than those below.
 struct InsertNumbers {
     sizes: Arc<Mutex<Vec<usize>>>,
+    batches: Arc<Mutex<Vec<Vec<i32>>>>,
     running: AtomicUsize,
     most_at_once: Arc<AtomicUsize>,
 }
@@ -54,8 +58,13 @@ impl BatchStatement for InsertNumbers {
         "test.insert_numbers"
     }
 
+    fn merchant(&self, n: &i32) -> MerchantId {
+        MerchantId::from_uuid(uuid::Uuid::from_u128(u128::from(*n >= 1000)))
+    }
+
     async fn run(&self, conn: &Conn, items: &[i32]) -> Result<Vec<i32>, DbError> {
         self.sizes.lock().unwrap().push(items.len());
+        self.batches.lock().unwrap().push(items.to_vec());
         let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_at_once.fetch_max(now, Ordering::SeqCst);
         let items = items.to_vec();
@@ -97,6 +106,7 @@ async fn counted_numbers_batcher(
     let most_at_once = Arc::new(AtomicUsize::new(0));
     let statement = InsertNumbers {
         sizes: sizes.clone(),
+        batches: Arc::default(),
         running: AtomicUsize::new(0),
         most_at_once: most_at_once.clone(),
     };
@@ -163,6 +173,35 @@ async fn a_request_alone_goes_alone_and_batches_grow_only_under_load() {
         "requests that queued shared statements: {sizes:?}"
     );
     assert_eq!(stored_numbers(&app).await, (1..22).collect());
+}
+
+/// A batch holds one merchant's requests: those of another merchant that
+/// queued meanwhile wait for the next batch, in their order. (On a database
+/// distributed by merchant, a batch's statement then runs on one shard.)
+#[tokio::test]
+async fn a_batch_holds_the_requests_of_one_merchant() {
+    let app = spawn_app().await;
+    app.sql()
+        .await
+        .batch_execute("CREATE TABLE numbers (n int NOT NULL CHECK (n > 0))")
+        .await
+        .unwrap();
+    let (sizes, batches) = (Arc::default(), Arc::new(Mutex::new(Vec::new())));
+    let statement = InsertNumbers {
+        sizes: Arc::clone(&sizes),
+        batches: batches.clone(),
+        running: AtomicUsize::new(0),
+        most_at_once: Arc::default(),
+    };
+    let batcher = Batcher::with_limits(app.db.clone(), statement, 8, 1);
+    let (first, queued) = behind_a_running_batch(&batcher, &sizes, 1, &[2, 1001, 3, 1002, 4]).await;
+    assert_eq!(first.unwrap(), 1);
+    let queued: Vec<i32> = queued.into_iter().map(Result::unwrap).collect();
+    assert_eq!(queued, [2, 1001, 3, 1002, 4], "each request its own answer");
+    assert_eq!(
+        *batches.lock().unwrap(),
+        [vec![1], vec![2, 3, 4], vec![1001, 1002]]
+    );
 }
 
 #[tokio::test]
@@ -428,15 +467,11 @@ async fn undoing_an_unconfirmed_insert_says_whether_it_deleted_the_row() {
         .await
         .unwrap();
 
-    assert!(charges::forget_unconfirmed(&conn, merchant, undone)
-        .await
-        .unwrap());
-    assert!(!charges::forget_unconfirmed(&conn, merchant, undone)
-        .await
-        .unwrap());
-    assert!(!charges::forget_unconfirmed(&conn, merchant, kept)
-        .await
-        .unwrap());
+    let forget =
+        |id: ChargeId| records::forget_unconfirmed::<Charge>(&conn, merchant, *id.as_uuid());
+    assert!(forget(undone).await.unwrap());
+    assert!(!forget(undone).await.unwrap());
+    assert!(!forget(kept).await.unwrap());
     assert_eq!(app.charge_rows().await, 1);
 }
 
@@ -510,13 +545,13 @@ fn succeeded(processor_id: &str) -> Outcome {
     }
 }
 
-/// Outcomes of several charges in one statement (`charges::RECORD_OUTCOMES`):
+/// Outcomes of several charges in one transaction (`records::record_outcomes`):
 /// each pending charge takes its own outcome and one event; a charge that
 /// is final already, the second mention of a charge named twice and a
 /// charge named with another merchant take none, and answer `None` as they
 /// would alone.
 #[tokio::test]
-async fn outcomes_in_one_statement_each_record_their_own() {
+async fn outcomes_in_one_transaction_each_record_their_own() {
     let app = spawn_app().await;
     let merchant = merchant_of(&app).await;
     let conn = app.db.conn().await.unwrap();
@@ -527,7 +562,7 @@ async fn outcomes_in_one_statement_each_record_their_own() {
     )
     .await;
     let [first, second, done, foreign] = <[Charge; 4]>::try_from(created).unwrap();
-    let alone = charges::record_outcomes(&conn, &[(done.clone(), succeeded("pay_done"))])
+    let alone = records::record_outcomes(&conn, &[(done.clone(), succeeded("pay_done"))])
         .await
         .unwrap();
     assert_eq!(alone[0].as_ref().unwrap().status, Status::Succeeded);
@@ -539,7 +574,7 @@ async fn outcomes_in_one_statement_each_record_their_own() {
         code: "card_declined".to_owned(),
         message: "The card was declined.".to_owned(),
     };
-    let answers = charges::record_outcomes(
+    let answers = records::record_outcomes(
         &conn,
         &[
             (first.clone(), succeeded("pay_1")),
@@ -556,7 +591,7 @@ async fn outcomes_in_one_statement_each_record_their_own() {
     assert_eq!(recorded.id, first.id);
     assert_eq!(recorded.status, Status::Succeeded);
     assert_eq!(recorded.processor_payment_id.as_deref(), Some("pay_1"));
-    assert_eq!(recorded.locked_until, None);
+    assert_eq!(recorded.lease.locked_until, None);
     let failed = answers[1].as_ref().expect("the second is recorded");
     assert_eq!(failed.id, second.id);
     assert_eq!(failed.status, Status::Failed);
@@ -618,9 +653,9 @@ async fn outcomes_in_one_statement_each_record_their_own() {
 
 /// A charge that another transaction changes while a batch of outcomes
 /// waits for its lock (a takeover once the lease ran out, say) still takes
-/// the outcome, as it would alone: the batch statement cannot see the
-/// version committed after it began, so the item goes on alone, and the
-/// charge is pending still. The rest of the batch is recorded as usual.
+/// the outcome, as it would alone: its statement sees the charge as that
+/// transaction left it, pending still. The rest of the batch is recorded as
+/// usual.
 #[tokio::test]
 async fn a_charge_changed_while_the_batch_waits_for_it_still_takes_its_outcome() {
     let app = spawn_app().await;
@@ -644,7 +679,7 @@ async fn a_charge_changed_while_the_batch_waits_for_it_still_takes_its_outcome()
             (other.clone(), succeeded("pay_other")),
         ];
         let conn = app.db.conn().await.unwrap();
-        tokio::spawn(async move { charges::record_outcomes(&conn, &outcomes).await })
+        tokio::spawn(async move { records::record_outcomes(&conn, &outcomes).await })
     };
     // From another session: `sql`'s open transaction sees one snapshot of
     // the activity.

@@ -6,6 +6,7 @@ mod batching;
 mod binary;
 mod charges;
 mod client;
+mod clock;
 mod concurrency;
 mod connections;
 mod demo;

@@ -584,9 +584,14 @@ async fn undoing_an_unconfirmed_refund_gives_the_reservation_back() {
     assert!(matches!(create(id, "unconfirmed").await, Created::New(_)));
     let reserved = || async { app.count("SELECT refunds_reserved FROM charges").await };
     assert_eq!(reserved().await, 600);
-    assert!(refunds::forget_unconfirmed(&conn, merchant, id)
-        .await
-        .unwrap());
+    let forget = |id: RefundId| {
+        chargeonce::db::records::forget_unconfirmed::<chargeonce::domain::Refund>(
+            &conn,
+            merchant,
+            *id.as_uuid(),
+        )
+    };
+    assert!(forget(id).await.unwrap());
     assert_eq!(reserved().await, 0);
     assert_eq!(app.count("SELECT count(*) FROM refunds").await, 0);
 
@@ -601,9 +606,7 @@ async fn undoing_an_unconfirmed_refund_gives_the_reservation_back() {
         )
         .await
         .unwrap();
-    assert!(!refunds::forget_unconfirmed(&conn, merchant, id)
-        .await
-        .unwrap());
+    assert!(!forget(id).await.unwrap());
     assert_eq!(reserved().await, 600);
 }
 

@@ -89,12 +89,13 @@ const NOT_PER_MERCHANT: [&str; 3] = ["merchants", "api_keys", "refinery_schema_h
 
 /// Statements that work for every merchant by design (the background
 /// workers' scans, docs/scaling.md "Background workers"), or that read only
-/// the tables above.
+/// the tables above. The workers' scans of charges and refunds only read:
+/// what they find is claimed or released merchant by merchant.
 const ACROSS_MERCHANTS: [&str; 12] = [
-    "charges::CLAIM_ABANDONED",
-    "charges::RELEASE_EXPIRED_KEYS",
-    "refunds::CLAIM_ABANDONED",
-    "refunds::RELEASE_EXPIRED_KEYS",
+    "charges::ABANDONED",
+    "charges::EXPIRED_KEYS",
+    "refunds::ABANDONED",
+    "refunds::EXPIRED_KEYS",
     "events::FAN_OUT",
     "events::DELETE_EXPIRED",
     "events::BACKLOG",
@@ -265,9 +266,7 @@ fn scans(plan: &str) -> Vec<Scan> {
 /// checked in the generic plans PostgreSQL makes for them. Before, six
 /// statements (the takeover, the unknown and the final outcome of charges
 /// and refunds) found their row by `id` alone. Inserts carry their
-/// merchant as a value; a batch (`RECORD_OUTCOMES`) checks each row it
-/// updates against its item's merchant; the workers' scans are the listed
-/// exceptions.
+/// merchant as a value; the workers' scans are the listed exceptions.
 #[tokio::test]
 async fn every_request_path_statement_filters_by_merchant() {
     let database = migrated_database().await;
@@ -312,4 +311,24 @@ async fn every_request_path_statement_filters_by_merchant() {
             "{name} filters by merchant: it is not an exception"
         );
     }
+}
+
+/// The outbox's queue row is written by the statement that writes the
+/// event (a trigger cannot do it on a database distributed by merchant):
+/// every statement that inserts into `events` inserts into `event_queue`
+/// too, from what it inserted.
+#[test]
+fn every_statement_that_writes_an_event_queues_it() {
+    let mut writers = 0;
+    for (name, statement) in chargeonce::db::ALL_STATEMENTS {
+        if statement.sql.contains("INSERT INTO events") {
+            writers += 1;
+            assert!(
+                statement.sql.contains("INSERT INTO event_queue")
+                    && statement.sql.contains("FROM event)"),
+                "{name} writes an event without queueing it"
+            );
+        }
+    }
+    assert!(writers >= 4, "the statements that write events ({writers})");
 }

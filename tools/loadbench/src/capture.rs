@@ -293,8 +293,8 @@ mod tests {
 
     #[test]
     fn a_captured_text_is_its_constant() {
-        let sql = charges::RECORD_OUTCOME.sql;
-        let captured = normalised(sql, charges::RECORD_OUTCOME.params.len() + 1);
+        let sql = charges::STATEMENTS.record_outcome.sql;
+        let captured = normalised(sql, charges::STATEMENTS.record_outcome.params.len() + 1);
         assert_ne!(captured, sql);
         assert_eq!(identify(&captured), Some("charges::RECORD_OUTCOME"));
         // Prepared before a reset: literals as written.
@@ -341,7 +341,7 @@ mod tests {
     #[test]
     fn the_request_path_must_be_what_the_script_runs() {
         let insert = charges::INSERT_OR_FIND_MANY.sql;
-        let outcome = charges::RECORD_OUTCOME.sql;
+        let outcome = charges::STATEMENTS.record_outcome.sql;
         let lookup = merchants::FIND_BY_DIGEST.sql;
         let expected = ["charges::INSERT_OR_FIND_MANY", "charges::RECORD_OUTCOME"];
 

@@ -21,7 +21,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use anyhow::{bail, ensure, Context as _, Result};
-use chargeonce::db::charges::{INSERT_OR_FIND_MANY, RECORD_OUTCOME};
+use chargeonce::db::charges::{INSERT_OR_FIND_MANY, STATEMENTS};
 use chargeonce::db::Statement;
 use chargeonce::domain::Status;
 use tokio_postgres::types::Kind;
@@ -240,8 +240,9 @@ pub fn own_sql_new() -> Result<String> {
     )?);
     heading(&mut text, 2, 2, NEW_CHARGE_STATEMENTS[1]);
     text.push_str(&statement_lines(
-        &RECORD_OUTCOME,
+        &STATEMENTS.record_outcome,
         &[
+            Value::var("claim_merchant_id"),
             Value::var("claim_id"),
             Value::var("status"),
             Value::sql("NULL"), // failure_code
@@ -249,7 +250,6 @@ pub fn own_sql_new() -> Result<String> {
             Value::sql(PAYMENT_ID_SQL),
             Value::sql(NEW_ID_SQL), // the event's id
             Value::var("payload"),
-            Value::var("claim_merchant_id"),
         ],
         Some("outcome_"),
     )?);
@@ -447,7 +447,7 @@ mod tests {
         assert!(new.contains(" \\gset claim_\n"));
         assert!(new.contains("FROM unnest(ARRAY["), "a batch of one: {new}");
         assert!(
-            new.contains("WHERE id = :claim_id::uuid AND merchant_id = :claim_merchant_id::uuid")
+            new.contains("WHERE merchant_id = :claim_merchant_id::uuid AND id = :claim_id::uuid")
         );
         assert!(new.contains(" \\gset outcome_\n"));
         assert!(!new.contains('$'), "{new}");
