@@ -100,7 +100,7 @@ pub struct DatabaseSettings {
 #[serde(deny_unknown_fields)]
 pub struct HttpSettings {
     pub max_body_bytes: usize,
-    pub max_connections: usize,
+    pub max_connections: std::num::NonZeroUsize,
     #[serde(rename = "header_timeout_ms")]
     #[serde_as(as = "DurationMilliSeconds<u64>")]
     pub header_timeout: Duration,
@@ -332,7 +332,7 @@ impl Settings {
             ),
             (
                 "http.max_connections",
-                http.max_connections as u128,
+                http.max_connections.get() as u128,
                 1,
                 u128::MAX,
             ),
