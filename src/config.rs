@@ -14,6 +14,8 @@ use serde::de::{self, Deserializer};
 use serde::Deserialize;
 use serde_with::{serde_as, DeserializeAs, DurationMilliSeconds, DurationSeconds};
 
+use crate::backoff::Backoff;
+
 const DEFAULTS: &str = include_str!("../config/default.toml");
 
 #[derive(Debug, thiserror::Error)]
@@ -344,10 +346,10 @@ impl Settings {
 }
 
 impl ProcessorSettings {
-    /// Pause before retry number `attempt` (1-based) of one processor call.
-    pub fn backoff(attempt: u32) -> Duration {
-        Duration::from_millis(50 << attempt.min(6))
-    }
+    /// Pauses before the retries of one processor call: 100 ms, doubling,
+    /// at most 3.2 s.
+    pub const RETRY_BACKOFF: Backoff =
+        Backoff::new(Duration::from_millis(100), Duration::from_millis(3200));
 
     /// The longest one charge's processor call can take, retries included.
     pub fn longest_call(&self) -> Duration {
@@ -355,7 +357,8 @@ impl ProcessorSettings {
             ProcessorKind::Simulated => self.latency,
             ProcessorKind::Http => {
                 let attempts = self.timeout * (self.retries + 1);
-                (1..=self.retries).map(Self::backoff).sum::<Duration>() + attempts
+                let pauses = Self::RETRY_BACKOFF.pauses().take(self.retries as usize);
+                pauses.sum::<Duration>() + attempts
             }
         }
     }
