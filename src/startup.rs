@@ -241,13 +241,13 @@ fn metrics_server(
     Ok(Some(handle))
 }
 
-/// The background workers, stopped by `stop`: key sweeper, recovery,
-/// webhook dispatcher, event retention, and (for the metrics only) the
-/// delivery backlog measurement.
+/// The background workers, stopped by `stop`: key sweeper, recovery (of
+/// the charges and refunds the API serves), webhook dispatcher, event
+/// retention, and (for the metrics only) the delivery backlog measurement.
 fn start_workers(
     settings: &Settings,
     background_db: &Database,
-    api: &ApiFactory,
+    (charges, refunds): (Charges, Refunds),
     stop: &CancellationToken,
 ) -> Result<Vec<JoinHandle<()>>, StartupError> {
     let dispatcher_db = Database::new(&settings.database, DISPATCHER_CONNECTIONS)?;
@@ -264,8 +264,8 @@ fn start_workers(
             stop.clone(),
         )),
         tokio::spawn(workers::recovery::run(
-            api.charges.clone(),
-            api.refunds.clone(),
+            charges,
+            refunds,
             settings.recovery.clone(),
             stop.clone(),
         )),
@@ -322,12 +322,12 @@ impl Application {
             exporter.clone(),
             limits.workers,
         )?;
-        let factory = api.clone();
-        let server = http::server::serve(listener, &limits, move || factory.app())
+        let recovered = (api.charges.clone(), api.refunds.clone());
+        let server = http::server::serve(listener, &limits, move || api.app())
             .map_err(bind_error(&address))?;
         let metrics_server = metrics_server(settings, exporter, &limits)?;
         let stop = CancellationToken::new();
-        let background = start_workers(settings, &background_db, &api, &stop)?;
+        let background = start_workers(settings, &background_db, recovered, &stop)?;
         tracing::info!(%address, port, "chargeonce listening");
         if settings.demo.enabled {
             let url = format!("http://{}:{port}/demo", settings.server.host);

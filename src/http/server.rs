@@ -4,7 +4,7 @@
 //! **The cap** (`http.max_connections`, lowered to fit the process's file
 //! descriptors). Each connection is counted as actix-web hands it over
 //! (`HttpServer::on_connect`), and one over the cap is marked; `admission`,
-//! the App's innermost middleware, answers a marked connection's request
+//! a middleware in front of the App, answers a marked connection's request
 //! with `503 service_unavailable` and closes it, so slow clients holding
 //! every slot cannot make a new client wait without an answer. Behind that,
 //! `HttpServer::max_connections` (twice the cap and some) stops accepting
@@ -14,7 +14,9 @@
 //!
 //! A request head actix-http cannot parse, one too large, or one that does
 //! not arrive in time never reaches the App: actix-http answers it itself
-//! (a bare `400`, `431` or `408`, no body) and closes the connection.
+//! (a bare `400`, `431` or `408`, no body) and closes the connection. A
+//! chunked body whose framing breaks as it arrives with the head ends the
+//! connection without an answer.
 
 use std::any::Any;
 use std::cell::Cell;
@@ -134,7 +136,10 @@ struct OverCap;
 fn count(cap: usize, data: &mut Extensions) {
     let admitted = OPEN.with(|open| {
         let held = open.get();
-        (held < cap).then(|| open.set(held + 1)).is_some()
+        if held < cap {
+            open.set(held + 1);
+        }
+        held < cap
     });
     if admitted {
         data.insert(Slot);
