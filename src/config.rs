@@ -4,13 +4,17 @@
 //! error always names the key at fault.
 
 use std::collections::HashMap;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use config::{Config, Environment, File, FileFormat};
 use secrecy::{ExposeSecret, SecretString};
+use serde::de::{self, Deserializer};
 use serde::Deserialize;
-use serde_with::{serde_as, DurationMilliSeconds, DurationSeconds};
+use serde_with::{serde_as, DeserializeAs, DurationMilliSeconds, DurationSeconds};
+
+use crate::backoff::Backoff;
 
 const DEFAULTS: &str = include_str!("../config/default.toml");
 
@@ -40,17 +44,19 @@ pub struct Settings {
 }
 
 // Durations are `Duration`s in the code; in the files and variables they
-// keep their documented names and units (`lease_ms = 30000`).
+// keep their documented names and units (`lease_ms = 30000`). A value's
+// bounds are on its field (`Within`, `Millis`, `NonZero*`, see the end of
+// the file): it is checked as it is read, and the error names its key.
 
 #[serde_as]
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthSettings {
     #[serde(rename = "cache_ttl_ms")]
-    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    #[serde_as(as = "Millis<0, HOUR_MS>")]
     pub cache_ttl: Duration,
     #[serde(rename = "unknown_key_ttl_ms")]
-    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    #[serde_as(as = "Millis<0, 60_000>")]
     pub unknown_key_ttl: Duration,
 }
 
@@ -58,6 +64,7 @@ pub struct AuthSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerSettings {
+    #[serde_as(as = "NonEmpty")]
     pub host: String,
     pub port: u16,
     pub workers: usize,
@@ -72,26 +79,32 @@ pub struct ServerSettings {
 pub struct DatabaseSettings {
     /// May carry a password: `Debug` prints it redacted, and code must ask
     /// for it explicitly (`expose_secret`).
+    #[serde_as(as = "PostgresUrl")]
     pub url: SecretString,
+    #[serde_as(as = "Within<1, 1000>")]
     pub pool_size: usize,
     #[serde(rename = "connect_timeout_ms")]
-    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    #[serde_as(as = "Millis<1>")]
     pub connect_timeout: Duration,
+    /// 0 leaves it to the server: behind PgBouncer, which refuses the
+    /// startup option that would carry it.
     #[serde(rename = "statement_timeout_ms")]
     #[serde_as(as = "DurationMilliSeconds<u64>")]
     pub statement_timeout: Duration,
     #[serde(rename = "query_timeout_ms")]
-    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    #[serde_as(as = "Millis<1>")]
     pub query_timeout: Duration,
     pub prepared_statements: bool,
     /// The most requests whose inserts (or outcomes) share one statement
     /// (`db::batch`); 1 sends each alone.
+    #[serde_as(as = "Within<1, 1000>")]
     pub batch_rows: usize,
     pub migrate_on_start: bool,
     /// How long the migrations at start-up keep trying to reach a
-    /// PostgreSQL that is not up yet (`db::connect_at_start`).
+    /// PostgreSQL that is not up yet (`db::connect_at_start`); 0 tries
+    /// once, as a one-off command may want.
     #[serde(rename = "startup_wait_ms")]
-    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    #[serde_as(as = "Millis<0, HOUR_MS>")]
     pub startup_wait: Duration,
 }
 
@@ -99,16 +112,19 @@ pub struct DatabaseSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpSettings {
+    #[serde_as(as = "Within<1024>")]
     pub max_body_bytes: usize,
-    pub max_connections: usize,
+    pub max_connections: NonZeroUsize,
+    // actix-http measures the head and keep-alive deadlines against a clock
+    // it refreshes every 500 ms: shorter ones would fire at random.
     #[serde(rename = "header_timeout_ms")]
-    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    #[serde_as(as = "Millis<1000>")]
     pub header_timeout: Duration,
     #[serde(rename = "body_timeout_ms")]
-    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    #[serde_as(as = "Millis<1>")]
     pub body_timeout: Duration,
     #[serde(rename = "keep_alive_ms")]
-    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    #[serde_as(as = "Millis<1000>")]
     pub keep_alive: Duration,
 }
 
@@ -117,18 +133,19 @@ pub struct HttpSettings {
 #[serde(deny_unknown_fields)]
 pub struct IdempotencySettings {
     #[serde(rename = "lease_ms")]
-    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    #[serde_as(as = "Millis<1>")]
     pub lease: Duration,
     #[serde(rename = "in_flight_wait_ms")]
-    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    #[serde_as(as = "Millis<0, 10_000>")]
     pub in_flight_wait: Duration,
-    pub retention_hours: u64,
+    pub retention_hours: NonZeroU64,
     /// About how many bytes of final answers to keep in memory for replays
     /// (`service::replay_cache`); 0 turns the cache off.
     pub replay_cache_bytes: u64,
     #[serde(rename = "sweep_interval_ms")]
-    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    #[serde_as(as = "Millis<1>")]
     pub sweep_interval: Duration,
+    #[serde_as(as = "Within<1>")]
     pub sweep_batch_size: i64,
 }
 
@@ -148,9 +165,11 @@ pub struct ProcessorSettings {
     #[serde_as(as = "DurationMilliSeconds<u64>")]
     pub latency: Duration,
     pub url: String,
+    /// At least 1 ms when `kind = "http"` (`Settings::validate`).
     #[serde(rename = "timeout_ms")]
     #[serde_as(as = "DurationMilliSeconds<u64>")]
     pub timeout: Duration,
+    #[serde_as(as = "Within<0, 10>")]
     pub retries: u32,
 }
 
@@ -159,11 +178,12 @@ pub struct ProcessorSettings {
 #[serde(deny_unknown_fields)]
 pub struct RecoverySettings {
     #[serde(rename = "interval_ms")]
-    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    #[serde_as(as = "Millis<1>")]
     pub interval: Duration,
+    #[serde_as(as = "Within<1, 10_000>")]
     pub batch_size: i64,
     #[serde(rename = "max_backoff_ms")]
-    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    #[serde_as(as = "Millis<1>")]
     pub max_backoff: Duration,
 }
 
@@ -206,20 +226,23 @@ pub struct WebhookSettings {
     /// Bound on one delivery attempt: resolving, connecting, sending, the
     /// answer.
     #[serde(rename = "timeout_ms")]
-    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    #[serde_as(as = "Millis<1, HOUR_MS>")]
     pub timeout: Duration,
     /// Attempts of one delivery before it is `failed`.
+    #[serde_as(as = "Within<1, 100>")]
     pub max_attempts: u32,
     /// Whether endpoints may be (or resolve to) loopback, private,
     /// link-local or unspecified addresses.
     pub allow_private_targets: bool,
     #[serde(rename = "interval_ms")]
-    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    #[serde_as(as = "Millis<1>")]
     pub interval: Duration,
+    #[serde_as(as = "Within<1, 1000>")]
     pub batch_size: i64,
     #[serde(rename = "backoff_base_ms")]
-    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    #[serde_as(as = "Millis<1>")]
     pub backoff_base: Duration,
+    /// At least `backoff_base` (`Settings::validate`).
     #[serde(rename = "max_backoff_ms")]
     #[serde_as(as = "DurationMilliSeconds<u64>")]
     pub max_backoff: Duration,
@@ -230,10 +253,12 @@ pub struct WebhookSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EventSettings {
+    #[serde_as(as = "Within<1, 36_500>")]
     pub retention_days: u64,
     #[serde(rename = "sweep_interval_ms")]
-    #[serde_as(as = "DurationMilliSeconds<u64>")]
+    #[serde_as(as = "Millis<1>")]
     pub sweep_interval: Duration,
+    #[serde_as(as = "Within<1, 100_000>")]
     pub sweep_batch_size: i64,
 }
 
@@ -274,10 +299,8 @@ impl Settings {
         Ok(settings)
     }
 
-    /// Rules the types alone do not express. Bounds are a table, one line
-    /// per key, so each message names its key and says what is allowed.
-    /// (A validation derive such as garde cannot bound a `Duration` by a
-    /// literal, and its messages say only what is wrong, not what is right.)
+    /// The rules that tie several keys together; each value's own bounds
+    /// were checked as it was read.
     pub fn validate(&self) -> Result<(), SettingsError> {
         fn invalid(key: &'static str, message: impl Into<String>) -> SettingsError {
             SettingsError::Invalid {
@@ -285,243 +308,36 @@ impl Settings {
                 message: message.into(),
             }
         }
-        const MS: u128 = 1;
-        const HOUR_MS: u128 = 3_600_000;
-        let (db, http, keys, recovery) = (
-            &self.database,
-            &self.http,
-            &self.idempotency,
-            &self.recovery,
-        );
-        let (hooks, events) = (&self.webhooks, &self.events);
-        // (key, value, least, most): whole numbers, durations in milliseconds.
-        let bounds: &[(&'static str, u128, u128, u128)] = &[
-            ("database.pool_size", db.pool_size as u128, 1, 1000),
-            (
-                "database.connect_timeout_ms",
-                db.connect_timeout.as_millis(),
-                MS,
-                u128::MAX,
-            ),
-            // 0: one try, as a one-off command may want.
-            (
-                "database.startup_wait_ms",
-                db.startup_wait.as_millis(),
-                0,
-                HOUR_MS,
-            ),
-            // 0 leaves it to the server: behind PgBouncer, which refuses
-            // the startup option that would carry it.
-            (
-                "database.statement_timeout_ms",
-                db.statement_timeout.as_millis(),
-                0,
-                u128::MAX,
-            ),
-            (
-                "database.query_timeout_ms",
-                db.query_timeout.as_millis(),
-                MS,
-                u128::MAX,
-            ),
-            (
-                "http.max_body_bytes",
-                http.max_body_bytes as u128,
-                1024,
-                u128::MAX,
-            ),
-            (
-                "http.max_connections",
-                http.max_connections as u128,
-                1,
-                u128::MAX,
-            ),
-            // actix-http measures these two against a clock it refreshes
-            // every 500 ms: shorter deadlines fire at random.
-            (
-                "http.header_timeout_ms",
-                http.header_timeout.as_millis(),
-                1000,
-                u128::MAX,
-            ),
-            (
-                "http.keep_alive_ms",
-                http.keep_alive.as_millis(),
-                1000,
-                u128::MAX,
-            ),
-            (
-                "http.body_timeout_ms",
-                http.body_timeout.as_millis(),
-                MS,
-                u128::MAX,
-            ),
-            (
-                "database.batch_rows",
-                self.database.batch_rows as u128,
-                1,
-                1000,
-            ),
-            (
-                "idempotency.lease_ms",
-                keys.lease.as_millis(),
-                MS,
-                u128::MAX,
-            ),
-            (
-                "idempotency.in_flight_wait_ms",
-                keys.in_flight_wait.as_millis(),
-                0,
-                10_000,
-            ),
-            (
-                "idempotency.retention_hours",
-                u128::from(keys.retention_hours),
-                1,
-                u128::MAX,
-            ),
-            (
-                "idempotency.sweep_interval_ms",
-                keys.sweep_interval.as_millis(),
-                MS,
-                u128::MAX,
-            ),
-            (
-                "idempotency.sweep_batch_size",
-                keys.sweep_batch_size.max(0) as u128,
-                1,
-                u128::MAX,
-            ),
-            (
-                "recovery.interval_ms",
-                recovery.interval.as_millis(),
-                MS,
-                u128::MAX,
-            ),
-            (
-                "recovery.max_backoff_ms",
-                recovery.max_backoff.as_millis(),
-                MS,
-                u128::MAX,
-            ),
-            (
-                "recovery.batch_size",
-                recovery.batch_size.max(0) as u128,
-                1,
-                10_000,
-            ),
-            (
-                "auth.cache_ttl_ms",
-                self.auth.cache_ttl.as_millis(),
-                0,
-                HOUR_MS,
-            ),
-            (
-                "auth.unknown_key_ttl_ms",
-                self.auth.unknown_key_ttl.as_millis(),
-                0,
-                60_000,
-            ),
-            (
-                "processor.retries",
-                u128::from(self.processor.retries),
-                0,
-                10,
-            ),
-            (
-                "webhooks.timeout_ms",
-                hooks.timeout.as_millis(),
-                MS,
-                HOUR_MS,
-            ),
-            (
-                "webhooks.max_attempts",
-                u128::from(hooks.max_attempts),
-                1,
-                100,
-            ),
-            (
-                "webhooks.interval_ms",
-                hooks.interval.as_millis(),
-                MS,
-                u128::MAX,
-            ),
-            (
-                "webhooks.batch_size",
-                hooks.batch_size.max(0) as u128,
-                1,
-                1000,
-            ),
-            (
-                "webhooks.backoff_base_ms",
-                hooks.backoff_base.as_millis(),
-                MS,
-                u128::MAX,
-            ),
-            (
-                "webhooks.max_backoff_ms",
-                hooks.max_backoff.as_millis(),
-                hooks.backoff_base.as_millis(),
-                u128::MAX,
-            ),
-            (
-                "events.retention_days",
-                u128::from(events.retention_days),
-                1,
-                36_500,
-            ),
-            (
-                "events.sweep_interval_ms",
-                events.sweep_interval.as_millis(),
-                MS,
-                u128::MAX,
-            ),
-            (
-                "events.sweep_batch_size",
-                events.sweep_batch_size.max(0) as u128,
-                1,
-                100_000,
-            ),
-        ];
-        for &(key, value, least, most) in bounds {
-            let message = match (least, most) {
-                (_, u128::MAX) if value < least => format!("must be at least {least}"),
-                (0, _) if value > most => format!("must be at most {most}"),
-                _ if !(least..=most).contains(&value) => {
-                    format!("must be between {least} and {most}")
-                }
-                _ => continue,
-            };
-            return Err(invalid(key, message));
-        }
-        if self.server.host.trim().is_empty() {
-            return Err(invalid("server.host", "must not be empty"));
-        }
-        if let Err(e) = db.url.expose_secret().parse::<tokio_postgres::Config>() {
-            return Err(invalid(
-                "database.url",
-                format!("not a PostgreSQL URL: {e}"),
-            ));
-        }
-        if self.processor.kind == ProcessorKind::Http {
-            let url = self.processor.url.as_str();
+        let processor = &self.processor;
+        if processor.kind == ProcessorKind::Http {
+            let url = processor.url.as_str();
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return Err(invalid(
                     "processor.url",
                     "must be an http:// or https:// URL",
                 ));
             }
-            if self.processor.timeout.is_zero() {
+            if processor.timeout.is_zero() {
                 return Err(invalid("processor.timeout_ms", "must be at least 1"));
             }
         }
-        if keys.lease <= self.processor.longest_call() {
+        if self.idempotency.lease <= processor.longest_call() {
             return Err(invalid(
                 "idempotency.lease_ms",
                 format!(
                     "must exceed the longest processor call ({} ms with these processor \
                      settings), or a slow call would lose its lease",
-                    self.processor.longest_call().as_millis()
+                    processor.longest_call().as_millis()
+                ),
+            ));
+        }
+        let hooks = &self.webhooks;
+        if hooks.max_backoff < hooks.backoff_base {
+            return Err(invalid(
+                "webhooks.max_backoff_ms",
+                format!(
+                    "must be at least {} (webhooks.backoff_base_ms)",
+                    hooks.backoff_base.as_millis()
                 ),
             ));
         }
@@ -530,10 +346,10 @@ impl Settings {
 }
 
 impl ProcessorSettings {
-    /// Pause before retry number `attempt` (1-based) of one processor call.
-    pub fn backoff(attempt: u32) -> Duration {
-        Duration::from_millis(50 << attempt.min(6))
-    }
+    /// Pauses before the retries of one processor call: 100 ms, doubling,
+    /// at most 3.2 s.
+    pub const RETRY_BACKOFF: Backoff =
+        Backoff::new(Duration::from_millis(100), Duration::from_millis(3200));
 
     /// The longest one charge's processor call can take, retries included.
     pub fn longest_call(&self) -> Duration {
@@ -541,7 +357,8 @@ impl ProcessorSettings {
             ProcessorKind::Simulated => self.latency,
             ProcessorKind::Http => {
                 let attempts = self.timeout * (self.retries + 1);
-                (1..=self.retries).map(Self::backoff).sum::<Duration>() + attempts
+                let pauses = Self::RETRY_BACKOFF.pauses().take(self.retries as usize);
+                pauses.sum::<Duration>() + attempts
             }
         }
     }
@@ -549,7 +366,7 @@ impl ProcessorSettings {
 
 impl IdempotencySettings {
     pub fn retention(&self) -> Duration {
-        Duration::from_secs(self.retention_hours * 3600)
+        Duration::from_secs(self.retention_hours.get().saturating_mul(3600))
     }
 }
 
@@ -570,6 +387,69 @@ impl WebhookSettings {
 impl EventSettings {
     pub fn retention(&self) -> Duration {
         Duration::from_secs(self.retention_days.saturating_mul(86_400))
+    }
+}
+
+const HOUR_MS: u64 = 3_600_000;
+
+/// Why a number is out of its bounds, in the words of `config/default.toml`.
+fn within<E: de::Error>(value: u64, least: u64, most: u64) -> Result<u64, E> {
+    if (least..=most).contains(&value) {
+        return Ok(value);
+    }
+    Err(E::custom(match (least, most) {
+        (_, u64::MAX) => format!("must be at least {least}"),
+        (0, _) => format!("must be at most {most}"),
+        _ => format!("must be between {least} and {most}"),
+    }))
+}
+
+/// A whole number from `LEAST` to `MOST`, read into the field's integer
+/// type (`#[serde_as(as = "Within<1, 1000>")]`).
+pub struct Within<const LEAST: u64, const MOST: u64 = { u64::MAX }>;
+
+impl<'de, T: TryFrom<u64>, const LEAST: u64, const MOST: u64> DeserializeAs<'de, T>
+    for Within<LEAST, MOST>
+{
+    fn deserialize_as<D: Deserializer<'de>>(deserializer: D) -> Result<T, D::Error> {
+        let value = within(u64::deserialize(deserializer)?, LEAST, MOST)?;
+        T::try_from(value).map_err(|_| de::Error::custom(format!("{value} is too large")))
+    }
+}
+
+/// Whole milliseconds from `LEAST` to `MOST`, read into a `Duration`.
+pub struct Millis<const LEAST: u64, const MOST: u64 = { u64::MAX }>;
+
+impl<'de, const LEAST: u64, const MOST: u64> DeserializeAs<'de, Duration> for Millis<LEAST, MOST> {
+    fn deserialize_as<D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        let millis = within(u64::deserialize(deserializer)?, LEAST, MOST)?;
+        Ok(Duration::from_millis(millis))
+    }
+}
+
+/// A string with something besides white space in it.
+pub struct NonEmpty;
+
+impl<'de> DeserializeAs<'de, String> for NonEmpty {
+    fn deserialize_as<D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        if text.trim().is_empty() {
+            return Err(de::Error::custom("must not be empty"));
+        }
+        Ok(text)
+    }
+}
+
+/// A URL tokio-postgres can connect with, kept secret from then on.
+pub struct PostgresUrl;
+
+impl<'de> DeserializeAs<'de, SecretString> for PostgresUrl {
+    fn deserialize_as<D: Deserializer<'de>>(deserializer: D) -> Result<SecretString, D::Error> {
+        let url = SecretString::from(String::deserialize(deserializer)?);
+        match url.expose_secret().parse::<tokio_postgres::Config>() {
+            Ok(_) => Ok(url),
+            Err(e) => Err(de::Error::custom(format!("not a PostgreSQL URL: {e}"))),
+        }
     }
 }
 
@@ -638,6 +518,62 @@ mod tests {
                 error.contains(key),
                 "{var}={value}: `{error}` does not name {key}"
             );
+        }
+    }
+
+    /// Each value is checked against its bounds as it is read, and the
+    /// message says which key and what is allowed.
+    #[test]
+    fn an_out_of_bounds_value_says_its_key_and_its_bounds() {
+        let cases = [
+            (
+                "CHARGEONCE__DATABASE__POOL_SIZE",
+                "1001",
+                "must be between 1 and 1000 for key `database.pool_size`",
+            ),
+            (
+                "CHARGEONCE__HTTP__MAX_BODY_BYTES",
+                "1023",
+                "must be at least 1024 for key `http.max_body_bytes`",
+            ),
+            (
+                "CHARGEONCE__HTTP__HEADER_TIMEOUT_MS",
+                "999",
+                "must be at least 1000 for key `http.header_timeout_ms`",
+            ),
+            (
+                "CHARGEONCE__IDEMPOTENCY__IN_FLIGHT_WAIT_MS",
+                "10001",
+                "must be at most 10000 for key `idempotency.in_flight_wait_ms`",
+            ),
+            (
+                "CHARGEONCE__IDEMPOTENCY__SWEEP_BATCH_SIZE",
+                "0",
+                "must be at least 1 for key `idempotency.sweep_batch_size`",
+            ),
+            (
+                "CHARGEONCE__HTTP__MAX_CONNECTIONS",
+                "0",
+                "for key `http.max_connections`",
+            ),
+            (
+                "CHARGEONCE__SERVER__HOST",
+                " ",
+                "must not be empty for key `server.host`",
+            ),
+        ];
+        for (var, value, expected) in cases {
+            let error = load(&[(var, value)]).expect_err(var).to_string();
+            assert!(error.contains(expected), "{var}={value}: `{error}`");
+        }
+        let edges = [
+            ("CHARGEONCE__DATABASE__POOL_SIZE", "1000"),
+            ("CHARGEONCE__HTTP__HEADER_TIMEOUT_MS", "1000"),
+            ("CHARGEONCE__IDEMPOTENCY__IN_FLIGHT_WAIT_MS", "0"),
+            ("CHARGEONCE__DATABASE__STARTUP_WAIT_MS", "3600000"),
+        ];
+        for (var, value) in edges {
+            assert!(load(&[(var, value)]).is_ok(), "{var}={value}");
         }
     }
 

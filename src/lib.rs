@@ -1,6 +1,7 @@
 //! chargeonce: payment charges created exactly once per logical request.
 //! See ARCHITECTURE.md for the map.
 
+pub mod backoff;
 pub mod cli;
 pub mod clock;
 pub mod config;

@@ -5,7 +5,8 @@ use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use actix_web::dev::{Server, ServerHandle};
+use actix_web::body::BoxBody;
+use actix_web::dev::{Server, ServerHandle, ServiceFactory, ServiceRequest, ServiceResponse};
 use actix_web::{web, App};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -52,72 +53,6 @@ pub const BACKGROUND_CONNECTIONS: usize = 4;
 /// wait for each other's connections.
 pub const DISPATCHER_CONNECTIONS: usize = 4;
 
-/// Descriptors kept free beyond the HTTP connections: database connections,
-/// log and pipe files, and room for connections being refused.
-const RESERVED_DESCRIPTORS: u64 = 256;
-
-/// The per-worker connection cap: `configured`, or less if the process may
-/// not open that many files. The soft limit on open files is raised to the
-/// hard limit first (the default soft limit, often 1024, is a leftover of
-/// `select`). Half of what is left goes to held connections, so refusing
-/// the excess (which takes a descriptor for a moment) never runs out.
-fn connection_cap(configured: usize, workers: usize, pool_size: usize) -> usize {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let soft = match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            Ok(()) => hard,
-            Err(error) => {
-                tracing::warn!(%error, soft, hard, "cannot raise the open-file limit");
-                soft
-            }
-        },
-        Ok((soft, _)) => soft,
-        Err(error) => {
-            tracing::warn!(%error, "cannot read the open-file limit; keeping http.max_connections");
-            return configured;
-        }
-    };
-    let spare = soft.saturating_sub(RESERVED_DESCRIPTORS + pool_size as u64);
-    let fits = usize::try_from(spare / 2 / workers as u64)
-        .unwrap_or(usize::MAX)
-        .max(1);
-    if fits < configured {
-        tracing::info!(
-            configured,
-            per_worker = fits,
-            open_file_limit = soft,
-            "http.max_connections lowered to fit the open-file limit"
-        );
-    }
-    configured.min(fits)
-}
-
-/// A server of its own for `GET /metrics` on `port` of `server.host`.
-fn serve_metrics(
-    settings: &Settings,
-    port: u16,
-    exporter: web::Data<Exporter>,
-    limits: &ServerLimits,
-) -> Result<Server, StartupError> {
-    let address = format!("{}:{port}", settings.server.host);
-    let bind_error = |source| StartupError::Bind {
-        address: address.clone(),
-        source,
-    };
-    let listener = TcpListener::bind(&address).map_err(bind_error)?;
-    let limits = ServerLimits {
-        workers: 1,
-        ..limits.clone()
-    };
-    tracing::info!(%address, "metrics listening");
-    http::server::serve(listener, &limits, move || {
-        App::new()
-            .app_data(exporter.clone())
-            .configure(|cfg| http::routes::metrics_port().register(cfg))
-    })
-    .map_err(bind_error)
-}
-
 /// The pool of one HTTP worker thread, `connections` of the
 /// `database.pool_size`. A connection's driving task runs on the thread that
 /// opened it; with one pool shared by all threads, a request on one thread
@@ -136,6 +71,228 @@ fn worker_database(
         tracing::error!(%error, "cannot build a worker's pool; sharing the background pool");
         fallback.clone()
     })
+}
+
+/// A listener on `host:port`, and that address (for messages).
+fn listen(host: &str, port: u16) -> Result<(TcpListener, String), StartupError> {
+    let address = format!("{host}:{port}");
+    let listener = TcpListener::bind(&address).map_err(bind_error(&address))?;
+    Ok((listener, address))
+}
+
+fn bind_error(address: &str) -> impl Fn(std::io::Error) -> StartupError + '_ {
+    move |source| StartupError::Bind {
+        address: address.to_owned(),
+        source,
+    }
+}
+
+/// Migrations (when `database.migrate_on_start`), then the background
+/// workers' own pool, which also shows the settings make a valid pool before
+/// any HTTP worker builds its own; and the demo merchant when the demo is on.
+async fn background_database(settings: &Settings) -> Result<Database, StartupError> {
+    if settings.database.migrate_on_start {
+        let applied = db::migrate(&settings.database).await?;
+        tracing::info!(applied, "migrations up to date");
+    }
+    let background_db = Database::new(&settings.database, BACKGROUND_CONNECTIONS)?;
+    // Ids carry the database's time from the first one on (`crate::clock`);
+    // a database not readable yet leaves the local clock until the worker's
+    // next measurement.
+    if let Err(error) = workers::clock::measure(&background_db).await {
+        tracing::warn!(error = %crate::telemetry::error_chain(&error), "cannot read the database's clock yet");
+    }
+    if settings.demo.enabled {
+        http::demo::ensure_demo_merchant(&background_db).await?;
+    }
+    Ok(background_db)
+}
+
+/// The metrics exporter, when `metrics.enabled`; the background pool is
+/// the first it reports on.
+fn exporter(settings: &Settings, background_db: &Database) -> Option<web::Data<Exporter>> {
+    settings.metrics.enabled.then(|| {
+        let pools = Pools::default();
+        pools.register("background", background_db.pool().clone());
+        web::Data::new(Exporter {
+            handle: crate::metrics::handle(),
+            pools,
+        })
+    })
+}
+
+/// What every HTTP worker builds its `App` from. Cloned into each worker,
+/// which gives the services a pool of its own (`worker_database`).
+#[derive(Clone)]
+struct ApiFactory {
+    database: DatabaseSettings,
+    worker_connections: usize,
+    background_db: Database,
+    charges: Charges,
+    refunds: Refunds,
+    endpoints: WebhookEndpoints,
+    api_keys: web::Data<ApiKeyCache>,
+    limits: web::Data<HttpLimits>,
+    document: web::Data<http::openapi::Rendered>,
+    demo_page: web::Data<http::demo::DemoPage>,
+    /// Registers each worker's pool; also served on the API's port when
+    /// `served.metrics`.
+    exporter: Option<web::Data<Exporter>>,
+    served: http::routes::Served,
+    next_worker: Arc<AtomicUsize>,
+}
+
+impl ApiFactory {
+    fn new(
+        settings: &Settings,
+        background_db: &Database,
+        processor: Arc<dyn PaymentProcessor>,
+        exporter: Option<web::Data<Exporter>>,
+        workers: usize,
+    ) -> Result<Self, StartupError> {
+        let served = http::routes::Served {
+            demo: settings.demo.enabled,
+            metrics: exporter.is_some() && settings.metrics.port == 0,
+        };
+        let document = http::openapi::Rendered::new(served).map_err(StartupError::OpenApi)?;
+        let (keys, recovery) = (&settings.idempotency, &settings.recovery);
+        Ok(Self {
+            database: settings.database.clone(),
+            worker_connections: settings.database.pool_size.div_ceil(workers).max(1),
+            background_db: background_db.clone(),
+            charges: Charges::new(background_db.clone(), processor.clone(), keys, recovery),
+            refunds: Refunds::new(background_db.clone(), processor, keys, recovery),
+            endpoints: WebhookEndpoints::new(
+                background_db.clone(),
+                TargetPolicy::new(settings.webhooks.allow_private_targets),
+            ),
+            api_keys: web::Data::new(ApiKeyCache::new(&settings.auth)),
+            limits: web::Data::new(HttpLimits {
+                max_body_bytes: settings.http.max_body_bytes,
+                body_timeout: settings.http.body_timeout,
+            }),
+            document: web::Data::new(document),
+            demo_page: web::Data::new(http::demo::DemoPage::new(keys.retention())),
+            exporter,
+            served,
+            next_worker: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    /// One worker's `App`; runs on that worker's thread.
+    fn app(
+        &self,
+    ) -> App<
+        impl ServiceFactory<
+            ServiceRequest,
+            Config = (),
+            Response = ServiceResponse<BoxBody>,
+            Error = actix_web::Error,
+            InitError = (),
+        >,
+    > {
+        let db = worker_database(&self.database, self.worker_connections, &self.background_db);
+        if let Some(exporter) = &self.exporter {
+            let worker = self.next_worker.fetch_add(1, Ordering::Relaxed);
+            let name = format!("worker-{worker}");
+            exporter.pools.register(name, db.pool().clone());
+        }
+        let api_exporter = self.exporter.clone().filter(|_| self.served.metrics);
+        let served = self.served;
+        App::new()
+            .app_data(web::Data::new(self.charges.with_database(db.clone())))
+            .app_data(web::Data::new(self.refunds.with_database(db.clone())))
+            .app_data(web::Data::new(Events::new(db.clone())))
+            .app_data(web::Data::new(self.endpoints.with_database(db.clone())))
+            .app_data(web::Data::new(db))
+            .app_data(self.api_keys.clone())
+            .app_data(self.limits.clone())
+            .app_data(self.document.clone())
+            .app_data(self.demo_page.clone())
+            .wrap_fn(http::observe)
+            .configure(|cfg| {
+                if let Some(exporter) = api_exporter {
+                    cfg.app_data(exporter);
+                }
+                http::configure(cfg, served);
+            })
+    }
+}
+
+/// A server of its own for `GET /metrics` on `metrics.port` of
+/// `server.host`, when metrics are on and that port is set. Runs until
+/// stopped through its handle.
+fn metrics_server(
+    settings: &Settings,
+    exporter: Option<web::Data<Exporter>>,
+    limits: &ServerLimits,
+) -> Result<Option<ServerHandle>, StartupError> {
+    let (Some(exporter), port @ 1..) = (exporter, settings.metrics.port) else {
+        return Ok(None);
+    };
+    let (listener, address) = listen(&settings.server.host, port)?;
+    let limits = ServerLimits {
+        workers: 1,
+        ..limits.clone()
+    };
+    tracing::info!(%address, "metrics listening");
+    let server = http::server::serve(listener, &limits, move || {
+        App::new()
+            .app_data(exporter.clone())
+            .configure(|cfg| http::routes::metrics_port().register(cfg))
+    })
+    .map_err(bind_error(&address))?;
+    let handle = server.handle();
+    tokio::spawn(server);
+    Ok(Some(handle))
+}
+
+/// The background workers, stopped by `stop`: key sweeper, recovery (of
+/// the charges and refunds the API serves), webhook dispatcher, event
+/// retention, and (for the metrics only) the delivery backlog measurement.
+fn start_workers(
+    settings: &Settings,
+    background_db: &Database,
+    (charges, refunds): (Charges, Refunds),
+    stop: &CancellationToken,
+) -> Result<Vec<JoinHandle<()>>, StartupError> {
+    let dispatcher_db = Database::new(&settings.database, DISPATCHER_CONNECTIONS)?;
+    let dispatcher = Dispatcher::new(
+        dispatcher_db.clone(),
+        Sender::new(&settings.webhooks).map_err(StartupError::WebhookClient)?,
+        settings.webhooks.clone(),
+    );
+    let (db, stop) = (background_db, stop);
+    let mut background = vec![
+        tokio::spawn(workers::sweeper::run(
+            db.clone(),
+            settings.idempotency.clone(),
+            stop.clone(),
+        )),
+        tokio::spawn(workers::recovery::run(
+            charges,
+            refunds,
+            settings.recovery.clone(),
+            stop.clone(),
+        )),
+        tokio::spawn(workers::dispatcher::run(
+            dispatcher,
+            settings.webhooks.interval,
+            stop.clone(),
+        )),
+        tokio::spawn(workers::clock::run(background_db.clone(), stop.clone())),
+        tokio::spawn(workers::event_retention::run(
+            db.clone(),
+            settings.events.clone(),
+            stop.clone(),
+        )),
+    ];
+    // No measuring when nobody can read the measurements.
+    if settings.metrics.enabled {
+        let backlog = workers::backlog::run(dispatcher_db, stop.clone());
+        background.push(tokio::spawn(backlog));
+    }
+    Ok(background)
 }
 
 pub struct Application {
@@ -160,173 +317,26 @@ impl Application {
         settings: &Settings,
         processor: Arc<dyn PaymentProcessor>,
     ) -> Result<Self, StartupError> {
-        if settings.database.migrate_on_start {
-            let applied = db::migrate(&settings.database).await?;
-            tracing::info!(applied, "migrations up to date");
-        }
-        // The background workers' own pool; it also shows the settings make
-        // a valid pool before any HTTP worker builds its own.
-        let background_db = Database::new(&settings.database, BACKGROUND_CONNECTIONS)?;
-        // Ids carry the database's time from the first one on
-        // (`crate::clock`); a database not readable yet leaves the local
-        // clock until the worker's next measurement.
-        if let Err(error) = workers::clock::measure(&background_db).await {
-            tracing::warn!(error = %crate::telemetry::error_chain(&error), "cannot read the database's clock yet");
-        }
-        let demo = settings.demo.enabled;
-        if demo {
-            http::demo::ensure_demo_merchant(&background_db).await?;
-        }
-
-        let address = format!("{}:{}", settings.server.host, settings.server.port);
-        let bind_error = |source| StartupError::Bind {
-            address: address.clone(),
-            source,
-        };
-        let listener = TcpListener::bind(&address).map_err(bind_error)?;
-        let port = listener.local_addr().map_err(bind_error)?.port();
-
-        let api_keys = web::Data::new(ApiKeyCache::new(&settings.auth));
-        let demo_page = web::Data::new(http::demo::DemoPage::new(settings.idempotency.retention()));
-        let limits = web::Data::new(HttpLimits {
-            max_body_bytes: settings.http.max_body_bytes,
-            body_timeout: settings.http.body_timeout,
-        });
-        let charges = Charges::new(
-            background_db.clone(),
-            processor.clone(),
-            &settings.idempotency,
-            &settings.recovery,
-        );
-        let refunds = Refunds::new(
-            background_db.clone(),
+        let background_db = background_database(settings).await?;
+        let (listener, address) = listen(&settings.server.host, settings.server.port)?;
+        let port = listener.local_addr().map_err(bind_error(&address))?.port();
+        let exporter = exporter(settings, &background_db);
+        let limits = ServerLimits::new(settings);
+        let api = ApiFactory::new(
+            settings,
+            &background_db,
             processor,
-            &settings.idempotency,
-            &settings.recovery,
-        );
-
-        let exporter: Option<web::Data<Exporter>> = settings.metrics.enabled.then(|| {
-            let pools = Pools::default();
-            pools.register("background", background_db.pool().clone());
-            web::Data::new(Exporter {
-                handle: crate::metrics::handle(),
-                pools,
-            })
-        });
-        // On the API's port, or on one of its own.
-        let api_exporter = exporter.clone().filter(|_| settings.metrics.port == 0);
-        let exporter_for_port = exporter.clone();
-        let next_worker = Arc::new(AtomicUsize::new(0));
-        let served = http::routes::Served {
-            demo,
-            metrics: api_exporter.is_some(),
-        };
-        let document =
-            web::Data::new(http::openapi::Rendered::new(served).map_err(StartupError::OpenApi)?);
-
-        let workers = match settings.server.workers {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
-        };
-        let worker_connections = settings.database.pool_size.div_ceil(workers).max(1);
-        let database = settings.database.clone();
-        let (shared_db, shared_charges, shared_refunds) =
-            (background_db.clone(), charges.clone(), refunds.clone());
-        let endpoints = WebhookEndpoints::new(
-            background_db.clone(),
-            TargetPolicy::new(settings.webhooks.allow_private_targets),
-        );
-        // Runs once on each worker thread, so each worker gets a pool of its
-        // own (see `worker_database`).
-        let server_limits = ServerLimits {
-            workers,
-            max_connections: connection_cap(
-                settings.http.max_connections,
-                workers,
-                settings.database.pool_size,
-            ),
-            header_timeout: settings.http.header_timeout,
-            keep_alive: settings.http.keep_alive,
-            shutdown_timeout_secs: settings.server.shutdown_timeout.as_secs(),
-        };
-        let server = http::server::serve(listener, &server_limits, move || {
-            let db = worker_database(&database, worker_connections, &shared_db);
-            if let Some(exporter) = &exporter {
-                let worker = next_worker.fetch_add(1, Ordering::Relaxed);
-                exporter
-                    .pools
-                    .register(format!("worker-{worker}"), db.pool().clone());
-            }
-            let api_exporter = api_exporter.clone();
-            App::new()
-                .app_data(web::Data::new(shared_charges.with_database(db.clone())))
-                .app_data(web::Data::new(shared_refunds.with_database(db.clone())))
-                .app_data(web::Data::new(Events::new(db.clone())))
-                .app_data(web::Data::new(endpoints.with_database(db.clone())))
-                .app_data(web::Data::new(db))
-                .app_data(api_keys.clone())
-                .app_data(limits.clone())
-                .app_data(document.clone())
-                .app_data(demo_page.clone())
-                .wrap_fn(http::observe)
-                .configure(|cfg| {
-                    if let Some(exporter) = api_exporter {
-                        cfg.app_data(exporter);
-                    }
-                    http::configure(cfg, served);
-                })
-        })
-        .map_err(bind_error)?;
-        let metrics_server = match (&exporter_for_port, settings.metrics.port) {
-            (Some(exporter), port) if port != 0 => {
-                let server = serve_metrics(settings, port, exporter.clone(), &server_limits)?;
-                let handle = server.handle();
-                tokio::spawn(server);
-                Some(handle)
-            }
-            _ => None,
-        };
-
-        let dispatcher_db = Database::new(&settings.database, DISPATCHER_CONNECTIONS)?;
-        let dispatcher = Dispatcher::new(
-            dispatcher_db.clone(),
-            Sender::new(&settings.webhooks).map_err(StartupError::WebhookClient)?,
-            settings.webhooks.clone(),
-        );
+            exporter.clone(),
+            limits.workers,
+        )?;
+        let recovered = (api.charges.clone(), api.refunds.clone());
+        let server = http::server::serve(listener, &limits, move || api.app())
+            .map_err(bind_error(&address))?;
+        let metrics_server = metrics_server(settings, exporter, &limits)?;
         let stop = CancellationToken::new();
-        let mut background = vec![
-            tokio::spawn(workers::sweeper::run(
-                background_db.clone(),
-                settings.idempotency.clone(),
-                stop.clone(),
-            )),
-            tokio::spawn(workers::recovery::run(
-                charges,
-                refunds,
-                settings.recovery.clone(),
-                stop.clone(),
-            )),
-            tokio::spawn(workers::dispatcher::run(
-                dispatcher,
-                settings.webhooks.interval,
-                stop.clone(),
-            )),
-            tokio::spawn(workers::clock::run(background_db.clone(), stop.clone())),
-            tokio::spawn(workers::event_retention::run(
-                background_db.clone(),
-                settings.events.clone(),
-                stop.clone(),
-            )),
-        ];
-        // Only for the metrics: no measuring when nobody can read them.
-        if settings.metrics.enabled {
-            background.push(tokio::spawn(workers::backlog::run(
-                dispatcher_db,
-                stop.clone(),
-            )));
-        }
+        let background = start_workers(settings, &background_db, recovered, &stop)?;
         tracing::info!(%address, port, "chargeonce listening");
-        if demo {
+        if settings.demo.enabled {
             let url = format!("http://{}:{port}/demo", settings.server.host);
             tracing::info!(%url, "demo checkout (development only: demo.enabled)");
         }

@@ -10,6 +10,7 @@
 //! operator's attention.
 
 use async_trait::async_trait;
+use backon::Retryable;
 use serde::{Deserialize, Serialize};
 
 use super::{PaymentProcessor, PaymentRequest, ProcessorReply, RefundRequest};
@@ -119,18 +120,17 @@ impl HttpProcessor {
         body: &impl Serialize,
         operation: &Operation,
     ) -> ProcessorReply {
+        let retries = ProcessorSettings::RETRY_BACKOFF.builder();
         let mut attempt = 0;
-        loop {
-            match self.attempt(endpoint, key, body, operation).await {
-                Ok(reply) => return reply,
-                Err(failed) if failed.retry && attempt < self.retries => {
-                    attempt += 1;
-                    tracing::info!(key, attempt, reason = %failed.reason, "retrying processor call");
-                    tokio::time::sleep(ProcessorSettings::backoff(attempt)).await;
-                }
-                Err(failed) => return ProcessorReply::unknown(failed.reason),
-            }
-        }
+        let answer = (|| self.attempt(endpoint, key, body, operation))
+            .retry(retries.with_max_times(self.retries as usize))
+            .when(|failed| failed.retry)
+            .notify(|failed, _| {
+                attempt += 1;
+                tracing::info!(key, attempt, reason = %failed.reason, "retrying processor call");
+            })
+            .await;
+        answer.unwrap_or_else(|failed| ProcessorReply::unknown(failed.reason))
     }
 
     async fn attempt(

@@ -32,6 +32,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use crate::backoff::{full_jitter, Backoff, RECORD_RETRY};
 use crate::config::WebhookSettings;
 use crate::db::webhook_deliveries::{AttemptRecord, ClaimedDelivery};
 use crate::db::{self, Database};
@@ -41,10 +42,6 @@ use crate::telemetry::error_chain;
 use crate::webhooks::Sender;
 
 use super::ServiceError;
-
-/// Longest pause between two tries to record an attempt while the database
-/// is away.
-const MAX_RECORD_PAUSE: Duration = Duration::from_secs(1);
 
 /// What one round did, and whether there is probably more to do at once.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -166,7 +163,8 @@ impl Dispatcher {
         // it is away, keep trying as long as the lease lasts: after that,
         // another instance may be sending this delivery again, and our
         // record would no longer match its lease anyway.
-        let mut pause = Duration::from_millis(50);
+        let mut pauses = RECORD_RETRY.pauses();
+        let mut pause = pauses.next_pause();
         loop {
             let recorded = async {
                 let conn = self.db.conn().await?;
@@ -203,7 +201,7 @@ impl Dispatcher {
                 Err(error) if error.is_transient() && Instant::now() + pause < lease_ends => {
                     tracing::debug!(%event, %endpoint, error = %error_chain(&error), "cannot record a webhook attempt yet; retrying");
                     tokio::time::sleep(pause).await;
-                    pause = super::lifecycle::doubled(pause, MAX_RECORD_PAUSE);
+                    pause = pauses.next_pause();
                 }
                 Err(error) => {
                     tracing::warn!(%event, %endpoint, error = %error_chain(&error), "cannot record a webhook attempt; the delivery comes due again when its lease runs out");
@@ -233,9 +231,8 @@ fn more_to_do(events: i64, batch_size: i64, free: usize, started: usize) -> bool
 /// `cap` ("full jitter"), so deliveries that failed together, e.g. while a
 /// receiver was down, do not all come back at the same moment.
 pub fn backoff(attempt: i32, base: Duration, cap: Duration, jitter: f64) -> Duration {
-    let exponent = u32::try_from((attempt - 1).clamp(0, 30)).unwrap_or(0);
-    let ceiling = base.saturating_mul(1 << exponent).min(cap);
-    ceiling.mul_f64(jitter.clamp(0.0, 1.0))
+    let failures = u32::try_from(attempt).unwrap_or(0);
+    full_jitter(Backoff::new(base, cap).after(failures), jitter)
 }
 
 #[cfg(test)]

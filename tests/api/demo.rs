@@ -180,7 +180,7 @@ async fn the_production_configuration_turns_the_demo_off() {
 async fn the_page_carries_the_configured_retention_window() {
     let app = spawn_app_with(|s| {
         s.demo.enabled = true;
-        s.idempotency.retention_hours = 2;
+        s.idempotency.retention_hours = std::num::NonZeroU64::new(2).unwrap();
     })
     .await;
     let page = get(&app, "/demo").await;
