@@ -33,6 +33,7 @@ use rand::Rng;
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use crate::backoff::{self, Backoff, RECORD_RETRY};
 use crate::config::{IdempotencySettings, RecoverySettings};
 use crate::crash;
 use crate::db::batch::{self, BatchStatement, Batcher};
@@ -53,14 +54,10 @@ use super::ServiceError;
 /// though the lease itself may run longer.
 pub const IN_USE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// First and longest pause between two looks at a row in flight
-/// elsewhere (`next_in_flight_poll`).
-const FIRST_IN_FLIGHT_POLL: Duration = Duration::from_millis(1);
-const MAX_IN_FLIGHT_POLL: Duration = Duration::from_millis(20);
-
-/// Longest pause between two tries to reach the database while holding an
-/// answer it must record.
-const MAX_RECORD_PAUSE: Duration = Duration::from_secs(1);
+/// Pauses between two looks at a row in flight elsewhere: a request that
+/// finishes within a few milliseconds is seen at once, a slow one costs a
+/// look every 20 ms.
+const IN_FLIGHT_POLLS: Backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(20));
 
 /// Added to a lease as this process measures it before it counts as run out
 /// by the database's clock too: `now()` there and the monotonic clock here
@@ -294,7 +291,7 @@ impl<K: Kind> Lifecycle<K> {
     /// with its result; only then give up with 409.
     async fn resume(&self, record: K::Record) -> Result<Option<Reply<K::Record>>, ServiceError> {
         let deadline = Instant::now() + self.in_flight_wait;
-        let mut pause = FIRST_IN_FLIGHT_POLL;
+        let mut pauses = IN_FLIGHT_POLLS.pauses();
         let mut waited = false;
         loop {
             let found = {
@@ -331,8 +328,7 @@ impl<K: Kind> Lifecycle<K> {
                 });
             }
             waited = true;
-            tokio::time::sleep(pause.min(remaining)).await;
-            pause = doubled(pause, MAX_IN_FLIGHT_POLL);
+            tokio::time::sleep(pauses.next_pause().min(remaining)).await;
         }
     }
 
@@ -375,7 +371,7 @@ impl<K: Kind> Lifecycle<K> {
         let this = self.clone();
         let until = Instant::now() + self.lease * 2;
         tokio::spawn(async move {
-            let mut pause = Duration::from_millis(50);
+            let mut pauses = RECORD_RETRY.pauses();
             while Instant::now() < until {
                 let forgotten = async {
                     let conn = this.db.conn().await?;
@@ -392,8 +388,7 @@ impl<K: Kind> Lifecycle<K> {
                         tracing::debug!(kind = K::NAME, %id, error = %error_chain(&error), "cannot undo an unconfirmed insert yet");
                     }
                 }
-                tokio::time::sleep(pause).await;
-                pause = doubled(pause, MAX_RECORD_PAUSE);
+                tokio::time::sleep(pauses.next_pause()).await;
             }
         });
     }
@@ -456,8 +451,7 @@ impl<K: Kind> Lifecycle<K> {
                 }
                 let retry_in = retry_delay(
                     record.lease().processor_attempts,
-                    self.retry_base,
-                    self.retry_cap,
+                    Backoff::new(self.retry_base, self.retry_cap),
                     rand::thread_rng().gen(),
                 );
                 // Recording it ends our lease, so a retry need not wait
@@ -535,7 +529,7 @@ impl<K: Kind> Lifecycle<K> {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T, DbError>>,
     {
-        let mut pause = Duration::from_millis(50);
+        let mut pauses = RECORD_RETRY.pauses();
         loop {
             match record().await {
                 Ok(recorded) => return Ok(Some(recorded)),
@@ -546,8 +540,7 @@ impl<K: Kind> Lifecycle<K> {
                     if remaining.is_zero() {
                         return Ok(None);
                     }
-                    tokio::time::sleep(pause.min(remaining)).await;
-                    pause = doubled(pause, MAX_RECORD_PAUSE);
+                    tokio::time::sleep(pauses.next_pause().min(remaining)).await;
                 }
                 Err(error) => return Err(error),
             }
@@ -578,22 +571,13 @@ fn classify(reply: &ProcessorReply) -> &'static str {
     }
 }
 
-/// The next pause of a backoff: twice the last, at most `max`. Looking at a
-/// row in flight elsewhere, a request that finishes within a few
-/// milliseconds is seen at once and a slow one costs a look every 20 ms;
-/// waiting for the database, the tries thin out to one a second.
-pub(crate) fn doubled(pause: Duration, max: Duration) -> Duration {
-    (pause * 2).min(max)
-}
-
 /// How long the recovery worker waits after the `attempts + 1`-th call
-/// without a final answer: `base · 2^attempts`, capped, then a random share
-/// of it between a half and all (`jitter` in 0..1), so rows that failed
-/// together do not come back together.
-pub fn retry_delay(attempts: i32, base: Duration, cap: Duration, jitter: f64) -> Duration {
-    let exponent = u32::try_from(attempts.clamp(0, 30)).unwrap_or(0);
-    let full = base.saturating_mul(1 << exponent).min(cap);
-    full.mul_f64(0.5 + jitter.clamp(0.0, 1.0) / 2.0)
+/// without a final answer: the pace's pause after that many failures, then
+/// a random share of it between a half and all (`jitter` in 0..1), so rows
+/// that failed together do not come back together.
+pub fn retry_delay(attempts: i32, pace: Backoff, jitter: f64) -> Duration {
+    let failures = u32::try_from(attempts.saturating_add(1)).unwrap_or(0);
+    backoff::equal_jitter(pace.after(failures), jitter)
 }
 
 #[cfg(test)]
@@ -633,34 +617,18 @@ mod tests {
     }
 
     #[test]
-    fn backoffs_double_up_to_their_longest_pause() {
-        let pauses = |first, max| -> Vec<Duration> {
-            std::iter::successors(Some(first), |&p| Some(doubled(p, max)))
-                .take(8)
-                .collect()
-        };
-        assert_eq!(
-            pauses(FIRST_IN_FLIGHT_POLL, MAX_IN_FLIGHT_POLL),
-            [1, 2, 4, 8, 16, 20, 20, 20].map(Duration::from_millis)
-        );
-        assert_eq!(
-            pauses(Duration::from_millis(50), MAX_RECORD_PAUSE),
-            [50, 100, 200, 400, 800, 1000, 1000, 1000].map(Duration::from_millis)
-        );
-    }
-
-    #[test]
     fn the_retry_delay_doubles_up_to_the_cap_with_jitter() {
         let base = Duration::from_millis(100);
         let cap = Duration::from_millis(1000);
-        let delays: Vec<_> = (0..6).map(|n| retry_delay(n, base, cap, 1.0)).collect();
+        let pace = Backoff::new(base, cap);
+        let delays: Vec<_> = (0..6).map(|n| retry_delay(n, pace, 1.0)).collect();
         assert_eq!(
             delays,
             [100, 200, 400, 800, 1000, 1000].map(Duration::from_millis)
         );
-        assert_eq!(retry_delay(2, base, cap, 0.0), Duration::from_millis(200));
-        assert_eq!(retry_delay(2, base, cap, 0.5), Duration::from_millis(300));
-        assert_eq!(retry_delay(1000, base, cap, 1.0), cap);
-        assert_eq!(retry_delay(-3, base, cap, 1.0), base);
+        assert_eq!(retry_delay(2, pace, 0.0), Duration::from_millis(200));
+        assert_eq!(retry_delay(2, pace, 0.5), Duration::from_millis(300));
+        assert_eq!(retry_delay(1000, pace, 1.0), cap);
+        assert_eq!(retry_delay(-3, pace, 1.0), base);
     }
 }
