@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
-use chargeonce_testkit::{Proxy, Server};
+use chargeonce_testkit::{Chargeonce, Proxy, Server};
 use clap::Parser;
 use tokio::sync::Mutex;
 
@@ -112,12 +112,15 @@ fn main() -> ExitCode {
 /// The whole run; `Ok(false)` when an invariant was violated.
 async fn run(args: Args) -> Result<bool> {
     let seed = args.seed.unwrap_or_else(rand::random);
-    let binary = stack::service_binary(args.service.clone())?;
     let out = args
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/chaos"));
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let binary = match args.service.clone() {
+        Some(path) => Chargeonce::new(path, &out),
+        None => Chargeonce::beside_this_program(&out).map_err(anyhow::Error::msg)?,
+    };
     for entry in std::fs::read_dir(&out)?.filter_map(Result::ok) {
         if entry.path().extension().is_some_and(|ext| ext == "log") {
             std::fs::remove_file(entry.path())?;
@@ -125,7 +128,7 @@ async fn run(args: Args) -> Result<bool> {
     }
     say(&format!(
         "seed {seed}; service {}; logs in {}",
-        binary.display(),
+        binary.path().display(),
         out.display()
     ));
 
@@ -133,8 +136,14 @@ async fn run(args: Args) -> Result<bool> {
     let mut server = Server::start().await;
     server.node().create_database("chargeonce").await;
     let direct_url = server.node().url("chargeonce");
-    stack::cli(&binary, &direct_url, &["migrate"], &out).await?;
-    let secret = stack::cli(&binary, &direct_url, &["merchant", "create", "Chaos"], &out).await?;
+    binary
+        .run(&direct_url, &["migrate"])
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let secret = binary
+        .run(&direct_url, &["merchant", "create", "Chaos"])
+        .await
+        .map_err(anyhow::Error::msg)?;
 
     let psp = stack::start_psp_sim(&binary, &out, seed).await?;
     let receiver = receiver::Receiver::start(seed).await?;

@@ -152,7 +152,7 @@ pub async fn capture(
     keys: &[String],
     out_dir: &Path,
 ) -> Result<Captured> {
-    let service = binary.start(&database.url, out_dir).await;
+    let service = binary.start(&database.url).await;
     let api = Api::new(service.port, api_key)?;
     let db = &database.client;
     db.batch_execute("SELECT pg_stat_statements_reset()")

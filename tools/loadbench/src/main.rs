@@ -216,8 +216,8 @@ fn main() -> ExitCode {
 async fn run(args: Args) -> Result<()> {
     let started = Instant::now();
     let plan = Plan::new(args.quick);
-    let binary = ServiceBinary::find(args.service)?;
     let out_dir = output_dir(args.out)?;
+    let binary = ServiceBinary::find(args.service, &out_dir)?;
 
     if let Some(seconds) = args.sustain {
         let database = BenchDatabase::create(&args.admin_url).await?;
@@ -297,9 +297,9 @@ async fn migrate_and_create_merchant(
     out_dir: &Path,
 ) -> Result<String> {
     say("migrating and creating the merchant");
-    binary.cli(&database.url, &["migrate"], out_dir).await?;
+    binary.cli(&database.url, &["migrate"]).await?;
     let api_key = binary
-        .cli(&database.url, &["merchant", "create", "Bench"], out_dir)
+        .cli(&database.url, &["merchant", "create", "Bench"])
         .await?;
     if api_key.is_empty() {
         bail!("`chargeonce merchant create` printed no API key");
@@ -369,7 +369,7 @@ async fn sustain(
     percent: u32,
 ) -> Result<sustain::Sustained> {
     let api_key = migrate_and_create_merchant(binary, database, out_dir).await?;
-    let mut service = binary.start(&database.url, out_dir).await;
+    let mut service = binary.start(&database.url).await;
     let api = Api::new(service.port, &api_key)?;
     fill_replay_pool(plan, &api, database, binary, &mut service, out_dir).await?;
     let run = sustain::run(&api, plan, service.pid(), length, percent).await;
@@ -405,7 +405,7 @@ async fn measure(
     let api_key = migrate_and_create_merchant(binary, database, out_dir).await?;
 
     // Start-to-ready, before anything else loads the machine.
-    let ready = binary.start_to_ready(&database.url, out_dir).await;
+    let ready = binary.start_to_ready(&database.url).await;
 
     // What the service asks PostgreSQL per request: the same keys twice,
     // first as new charges, then as replays. Each must be exactly what the
@@ -437,7 +437,7 @@ async fn measure(
     }
 
     // The instance under load, from here to the end.
-    let mut service = binary.start(&database.url, out_dir).await;
+    let mut service = binary.start(&database.url).await;
     let api = Api::new(service.port, &api_key)?;
 
     // The floor's table first: the ANALYZE after the pool covers it too.
@@ -569,6 +569,6 @@ async fn or_explain<T>(
 ) -> Result<T> {
     match result {
         Ok(value) => Ok(value),
-        Err(error) => Err(binary.explain(service, error, out_dir).await),
+        Err(error) => Err(binary.explain(service, error).await),
     }
 }
