@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 /// check can run as `nobody` wherever the repository is.
 fn scripts_copy(name: &str) -> PathBuf {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let root = std::env::temp_dir().join(format!("chargeonce-prereqs-{name}-{}", std::process::id()));
+    let root =
+        std::env::temp_dir().join(format!("chargeonce-prereqs-{name}-{}", std::process::id()));
     std::fs::create_dir_all(root.join("scripts/lib")).unwrap();
     for file in [
         "scripts/dev",
