@@ -41,10 +41,7 @@ pub const SERVICE_SETTINGS: &[(&str, &str)] = &[
 /// Starts a process, waiting for `ready`; a start that fails is an error,
 /// so the caller can try again.
 pub async fn spawn(command: Command, ready: &'static str, log: PathBuf) -> Result<Spawned> {
-    let options = SpawnOptions {
-        log_file: Some(log),
-        poll: Duration::from_millis(20),
-    };
+    let options = SpawnOptions { log_file: Some(log), poll: Duration::from_millis(20) };
     Spawned::try_start_with(command, ready, options)
         .await
         .map_err(|e| anyhow::anyhow!("the process did not start: {e}"))

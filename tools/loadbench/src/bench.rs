@@ -32,13 +32,8 @@ async fn migrate_and_create_merchant(
 ) -> Result<String> {
     say("migrating and creating the merchant");
     binary.cli(&database.url, &["migrate"]).await?;
-    let api_key = binary
-        .cli(&database.url, &["merchant", "create", "Bench"])
-        .await?;
-    ensure!(
-        !api_key.is_empty(),
-        "`chargeonce merchant create` printed no API key"
-    );
+    let api_key = binary.cli(&database.url, &["merchant", "create", "Bench"]).await?;
+    ensure!(!api_key.is_empty(), "`chargeonce merchant create` printed no API key");
     Ok(api_key)
 }
 
@@ -67,15 +62,9 @@ async fn fill_replay_pool(
     service: &mut Service<'_>,
     db: &BenchDatabase,
 ) -> Result<()> {
-    say(format!(
-        "creating {} charges for the replays",
-        plan.pool_size
-    ));
+    say(format!("creating {} charges for the replays", plan.pool_size));
     send_replay_pool(plan, api, service, "creating the charges for the replays").await?;
-    db.client
-        .batch_execute("ANALYZE")
-        .await
-        .context("ANALYZE after creating the replay pool")
+    db.client.batch_execute("ANALYZE").await.context("ANALYZE after creating the replay pool")
 }
 
 /// The instance under load and its binary, to explain a failed request.
@@ -86,10 +75,7 @@ struct Service<'a> {
 
 impl Service<'_> {
     async fn start<'a>(binary: &'a ServiceBinary, database: &BenchDatabase) -> Service<'a> {
-        Service {
-            binary,
-            process: binary.start(&database.url).await,
-        }
+        Service { binary, process: binary.start(&database.url).await }
     }
 
     /// The result of a run against the service, its error explained if the
@@ -133,38 +119,22 @@ pub async fn measure(
     // What the service asks PostgreSQL per request: the same keys twice,
     // first as new charges, then as replays. Each must be exactly what the
     // scripts run.
-    let keys: Vec<String> = (0..CAPTURE_REQUESTS)
-        .map(|i| format!("capture-{i}"))
-        .collect();
+    let keys: Vec<String> = (0..CAPTURE_REQUESTS).map(|i| format!("capture-{i}")).collect();
     let new = capture::capture(binary, db, &api_key, &keys).await?;
     let replay = capture::capture(binary, db, &api_key, &keys).await?;
     let capture = Capture { new, replay };
-    capture
-        .new
-        .write(&out_dir.join("captured-new.txt"), "new charges")?;
-    capture
-        .replay
-        .write(&out_dir.join("captured-replay.txt"), "replays")?;
-    capture
-        .new
-        .require_same_as(script::NEW_CHARGE_STATEMENTS, "new charge")?;
-    capture
-        .replay
-        .require_same_as(script::REPLAY_STATEMENTS, "replay")?;
+    capture.new.write(&out_dir.join("captured-new.txt"), "new charges")?;
+    capture.replay.write(&out_dir.join("captured-replay.txt"), "replays")?;
+    capture.new.require_same_as(script::NEW_CHARGE_STATEMENTS, "new charge")?;
+    capture.replay.require_same_as(script::REPLAY_STATEMENTS, "replay")?;
     for (flow, captured) in [("new charge", &capture.new), ("replay", &capture.replay)] {
-        say(format!(
-            "round trips per {flow}: {:.2}",
-            captured.round_trips()
-        ));
+        say(format!("round trips per {flow}: {:.2}", captured.round_trips()));
     }
 
     // The instance under load, from here to the end. The floor's table
     // first: the ANALYZE after the pool covers it too.
     let mut service = Service::start(binary, db).await;
-    let (api, pid) = (
-        Api::new(service.process.port, &api_key)?,
-        service.process.pid(),
-    );
+    let (api, pid) = (Api::new(service.process.port, &api_key)?, service.process.pid());
     db.create_floor(plan.pool_size).await?;
     fill_replay_pool(plan, &api, &mut service, db).await?;
     let values = script::ServiceValues::read(&db.client).await?;
@@ -194,13 +164,9 @@ pub async fn measure(
                 let sample = scenario::closed_loop(&api, workload, connections, plan, pid).await;
                 let sample = service.explain(sample).await?;
                 checkpoint.run().await?;
-                let own = pgbench
-                    .run(&pgbench.own_sql, workload, connections, plan, pid)
-                    .await?;
+                let own = pgbench.run(&pgbench.own_sql, workload, connections, plan, pid).await?;
                 checkpoint.run().await?;
-                let floor = pgbench
-                    .run(&pgbench.floor, workload, connections, plan, pid)
-                    .await?;
+                let floor = pgbench.run(&pgbench.floor, workload, connections, plan, pid).await?;
                 by_round.extend(ratio(&sample, Some(&floor)));
                 point = Some(match point {
                     None => (sample, own, floor),
@@ -262,14 +228,5 @@ pub async fn measure(
         .context("the service's VmHWM")?;
     drop(service);
     let (longest_settle, commands) = (checkpoint.longest_settle.get(), pgbench.command_lines());
-    Ok(Report {
-        machine,
-        rows,
-        bursts,
-        peak_rss,
-        capture,
-        ready,
-        longest_settle,
-        commands,
-    })
+    Ok(Report { machine, rows, bursts, peak_rss, capture, ready, longest_settle, commands })
 }

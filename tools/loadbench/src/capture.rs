@@ -49,16 +49,9 @@ pub struct Capture {
 impl Captured {
     fn new(rows: Vec<(String, i64)>, requests: usize) -> Self {
         let statements = (rows.into_iter())
-            .map(|(text, calls)| Seen {
-                constant: identify(&text),
-                text,
-                calls,
-            })
+            .map(|(text, calls)| Seen { constant: identify(&text), text, calls })
             .collect();
-        Self {
-            statements,
-            requests,
-        }
+        Self { statements, requests }
     }
 
     pub fn per_request(&self, seen: &Seen) -> f64 {
@@ -87,16 +80,9 @@ impl Captured {
             );
         }
         let mut seen: Vec<&str> = Vec::new();
-        for statement in self
-            .statements
-            .iter()
-            .filter(|s| self.per_request(s) >= PER_REQUEST)
-        {
+        for statement in self.statements.iter().filter(|s| self.per_request(s) >= PER_REQUEST) {
             let copies = (self.per_request(statement).round() as usize).max(1);
-            seen.extend(std::iter::repeat_n(
-                statement.constant.unwrap_or_default(),
-                copies,
-            ));
+            seen.extend(std::iter::repeat_n(statement.constant.unwrap_or_default(), copies));
         }
         let mut expected = expected.to_vec();
         seen.sort_unstable();
@@ -121,11 +107,7 @@ impl Captured {
         );
         for seen in &self.statements {
             let constant = seen.constant.unwrap_or("unknown");
-            let _ = writeln!(
-                text,
-                "\n-- {} calls, {constant}\n{};",
-                seen.calls, seen.text
-            );
+            let _ = writeln!(text, "\n-- {} calls, {constant}\n{};", seen.calls, seen.text);
         }
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
     }
@@ -148,9 +130,7 @@ pub async fn capture(
     db.batch_execute("SELECT pg_stat_statements_reset()")
         .await
         .context("resetting pg_stat_statements")?;
-    send_all(&api, 1, keys)
-        .await?
-        .require_success("the captured requests")?;
+    send_all(&api, 1, keys).await?.require_success("the captured requests")?;
     let rows = db
         .query(
             "SELECT query, calls FROM pg_stat_statements \
@@ -169,9 +149,7 @@ pub async fn capture(
 fn identify(text: &str) -> Option<&'static str> {
     let captured = shape(text);
     let mut known = db::ALL_STATEMENTS.iter();
-    known
-        .find(|(_, statement)| shape(statement.sql) == captured)
-        .map(|(name, _)| *name)
+    known.find(|(_, statement)| shape(statement.sql) == captured).map(|(name, _)| *name)
 }
 
 /// The text with every value slot (a `$n` parameter, a string or number
@@ -219,13 +197,7 @@ mod tests {
         let known = db::ALL_STATEMENTS;
         for (i, a) in known.iter().enumerate() {
             for b in &known[i + 1..] {
-                assert_ne!(
-                    shape(a.1.sql),
-                    shape(b.1.sql),
-                    "{} and {} look alike",
-                    a.0,
-                    b.0
-                );
+                assert_ne!(shape(a.1.sql), shape(b.1.sql), "{} and {} look alike", a.0, b.0);
             }
         }
         assert_eq!(
@@ -236,15 +208,9 @@ mod tests {
 
     #[test]
     fn the_request_path_must_be_what_the_script_runs() {
-        let (insert, outcome) = (
-            charges::INSERT_OR_FIND_MANY.sql,
-            charges::RECORD_OUTCOME.sql,
-        );
+        let (insert, outcome) = (charges::INSERT_OR_FIND_MANY.sql, charges::RECORD_OUTCOME.sql);
         let captured = |rows: &[(&str, i64)]| {
-            Captured::new(
-                rows.iter().map(|(t, c)| ((*t).to_owned(), *c)).collect(),
-                100,
-            )
+            Captured::new(rows.iter().map(|(t, c)| ((*t).to_owned(), *c)).collect(), 100)
         };
         let expected = ["charges::INSERT_OR_FIND_MANY", "charges::RECORD_OUTCOME"];
         let lookup = chargeonce::db::merchants::FIND_BY_DIGEST.sql;
@@ -253,18 +219,9 @@ mod tests {
         assert!((same.round_trips() - 2.01).abs() < 1e-9);
         let missing =
             captured(&[(insert, 100), (lookup, 1)]).require_same_as(&expected, "new charge");
-        assert!(missing
-            .unwrap_err()
-            .to_string()
-            .contains("request path changed"));
+        assert!(missing.unwrap_err().to_string().contains("request path changed"));
         let unknown = captured(&[(insert, 100), (outcome, 100), ("SELECT 1", 3)]);
-        let error = unknown
-            .require_same_as(&expected, "new charge")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            error.contains("does not know") && error.contains("SELECT ?"),
-            "{error}"
-        );
+        let error = unknown.require_same_as(&expected, "new charge").unwrap_err().to_string();
+        assert!(error.contains("does not know") && error.contains("SELECT ?"), "{error}");
     }
 }

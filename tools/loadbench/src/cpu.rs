@@ -24,12 +24,10 @@ impl CpuClock {
         let stat = fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
         // cpu user nice system idle iowait irq softirq steal (guest is in user)
         let line = stat.lines().next().and_then(|l| l.strip_prefix("cpu "));
-        let ticks: Vec<u64> = (line
-            .context("no cpu line in /proc/stat")?
-            .split_whitespace())
-        .take(8)
-        .map(|n| n.parse().context("parsing /proc/stat"))
-        .collect::<Result<_>>()?;
+        let ticks: Vec<u64> = (line.context("no cpu line in /proc/stat")?.split_whitespace())
+            .take(8)
+            .map(|n| n.parse().context("parsing /proc/stat"))
+            .collect::<Result<_>>()?;
         let total: u64 = ticks.iter().sum();
         let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
         Ok(Self {
@@ -46,16 +44,10 @@ impl CpuClock {
 fn process_ticks(pid: &str) -> Result<u64> {
     let stat =
         fs::read_to_string(format!("/proc/{pid}/stat")).context("reading a process's stat")?;
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
     let field = |index: usize| fields.get(index).and_then(|f| f.parse::<u64>().ok());
-    field(11)
-        .zip(field(12))
-        .map(|(user, system)| user + system)
-        .context("no utime in a stat line")
+    field(11).zip(field(12)).map(|(user, system)| user + system).context("no utime in a stat line")
 }
 
 /// Shares of all cores' time over an interval, in percent.
@@ -80,12 +72,7 @@ impl CpuShare {
     /// The mean of `shares`, each weighted by its interval's length.
     pub fn weighted(shares: &[(CpuShare, f64)]) -> Self {
         let mean = |field: fn(&CpuShare) -> f64| {
-            weighted_mean(
-                &shares
-                    .iter()
-                    .map(|(s, weight)| (field(s), *weight))
-                    .collect::<Vec<_>>(),
-            )
+            weighted_mean(&shares.iter().map(|(s, weight)| (field(s), *weight)).collect::<Vec<_>>())
         };
         Self {
             busy: mean(|s| s.busy),
@@ -111,9 +98,7 @@ pub async fn cpu_between(from: Instant, until: Instant, service_pid: u32) -> Res
 /// The CPU's model name, e.g. "Intel(R) Xeon(R) Processor".
 pub fn cpu_model() -> String {
     let info = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = info
-        .lines()
-        .find_map(|line| line.strip_prefix("model name"));
+    let model = info.lines().find_map(|line| line.strip_prefix("model name"));
     model
         .and_then(|rest| rest.split_once(':'))
         .map_or("unknown CPU".to_owned(), |(_, m)| m.trim().to_owned())

@@ -56,12 +56,7 @@ impl BenchDatabase {
                 "pg_stat_statements is not usable on this server; it must be in \
                  shared_preload_libraries (scripts/bench's own cluster has it)",
             )?;
-        Ok(Self {
-            url: database.url.clone(),
-            database,
-            client,
-            admin,
-        })
+        Ok(Self { url: database.url.clone(), database, client, admin })
     }
 
     /// Drops the database (its connections are ended first).
@@ -74,26 +69,15 @@ impl BenchDatabase {
     /// The floor's table, with `pool_size` rows for its lookups.
     pub async fn create_floor(&self, pool_size: usize) -> Result<()> {
         let sql = format!("{}{}", script::FLOOR_TABLE, script::floor_rows(pool_size));
-        self.client
-            .batch_execute(&sql)
-            .await
-            .context("creating the floor's table")
+        self.client.batch_execute(&sql).await.context("creating the floor's table")
     }
 
     pub async fn machine(&self) -> Result<Machine> {
         let mut settings = Vec::new();
-        for name in [
-            "server_version",
-            "fsync",
-            "synchronous_commit",
-            "shared_buffers",
-            "max_connections",
-        ] {
-            let row = self
-                .client
-                .query_one(&format!("SHOW {name}"), &[])
-                .await
-                .context("SHOW")?;
+        for name in
+            ["server_version", "fsync", "synchronous_commit", "shared_buffers", "max_connections"]
+        {
+            let row = self.client.query_one(&format!("SHOW {name}"), &[]).await.context("SHOW")?;
             settings.push(format!("{name}={}", row.get::<_, String>(0)));
         }
         let postgres = settings.remove(0).replace("server_version=", "");
@@ -124,11 +108,7 @@ pub struct Checkpointer<'a> {
 
 impl<'a> Checkpointer<'a> {
     pub fn new(database: &'a BenchDatabase) -> Self {
-        Self {
-            database,
-            warned: Cell::new(false),
-            longest_settle: Cell::new(Duration::ZERO),
-        }
+        Self { database, warned: Cell::new(false), longest_settle: Cell::new(Duration::ZERO) }
     }
 
     /// Waits for the outbox to empty, then checkpoints.
@@ -150,8 +130,7 @@ impl<'a> Checkpointer<'a> {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        self.longest_settle
-            .set(self.longest_settle.get().max(started.elapsed()));
+        self.longest_settle.set(self.longest_settle.get().max(started.elapsed()));
         if let Err(error) = self.database.admin.batch_execute("CHECKPOINT").await {
             if !self.warned.replace(true) {
                 say(format!(

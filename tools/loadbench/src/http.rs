@@ -53,18 +53,12 @@ type Head = (u16, bool, usize, bool);
 
 impl Http {
     pub async fn connect(addr: SocketAddr) -> Result<Self> {
-        let stream = TcpStream::connect(addr)
-            .await
-            .with_context(|| format!("connecting to {addr}"))?;
+        let stream =
+            TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
         // Requests are small and latency-bound: no Nagle delay.
         stream.set_nodelay(true)?;
         let buffer = vec![0; 4096];
-        Ok(Self {
-            stream,
-            buffer,
-            filled: 0,
-            closed: false,
-        })
+        Ok(Self { stream, buffer, filled: 0, closed: false })
     }
 
     /// `count` connections, opened one after the other.
@@ -80,18 +74,12 @@ impl Http {
     pub async fn send(&mut self, request: &[u8]) -> Result<Answer> {
         ensure!(!self.closed, "the service closed the connection");
         let started = Instant::now();
-        self.stream
-            .write_all(request)
-            .await
-            .context("sending the request")?;
+        self.stream.write_all(request).await.context("sending the request")?;
         let (status, replayed, length, close) = loop {
             if let Some(head) = parse_head(&self.buffer[..self.filled])? {
                 break head;
             }
-            ensure!(
-                self.filled < MAX_HEAD_BYTES,
-                "an answer head of over {MAX_HEAD_BYTES} bytes"
-            );
+            ensure!(self.filled < MAX_HEAD_BYTES, "an answer head of over {MAX_HEAD_BYTES} bytes");
             self.read_more().await?;
         };
         while self.filled < length {
@@ -101,12 +89,7 @@ impl Http {
         self.buffer.copy_within(length..self.filled, 0);
         self.filled -= length;
         self.closed = close;
-        Ok(Answer {
-            status,
-            replayed,
-            latency: finished - started,
-            finished,
-        })
+        Ok(Answer { status, replayed, latency: finished - started, finished })
     }
 
     async fn read_more(&mut self) -> Result<()> {
@@ -124,9 +107,8 @@ impl Http {
 fn parse_head(bytes: &[u8]) -> Result<Option<Head>> {
     let mut headers = [httparse::EMPTY_HEADER; 32];
     let mut response = httparse::Response::new(&mut headers);
-    let httparse::Status::Complete(head_length) = response
-        .parse(bytes)
-        .context("an answer that is not HTTP")?
+    let httparse::Status::Complete(head_length) =
+        response.parse(bytes).context("an answer that is not HTTP")?
     else {
         return Ok(None);
     };
@@ -162,10 +144,7 @@ pub struct Api {
 impl Api {
     pub fn new(port: u16, api_key: &str) -> Result<Self> {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        ensure!(
-            header_safe(api_key),
-            "the API key is not a valid header value"
-        );
+        ensure!(header_safe(api_key), "the API key is not a valid header value");
         let before_key = format!(
             "POST /v1/charges HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {api_key}\r\n\
              content-type: application/json\r\ncontent-length: {}\r\nidempotency-key: ",
@@ -176,13 +155,8 @@ impl Api {
 
     /// A charge request with this idempotency key.
     pub fn charge(&self, key: &str) -> Result<Vec<u8>> {
-        ensure!(
-            header_safe(key),
-            "the idempotency key {key:?} is not a valid header value"
-        );
-        Ok([self.before_key.as_str(), key, "\r\n\r\n", BODY]
-            .concat()
-            .into_bytes())
+        ensure!(header_safe(key), "the idempotency key {key:?} is not a valid header value");
+        Ok([self.before_key.as_str(), key, "\r\n\r\n", BODY].concat().into_bytes())
     }
 }
 
@@ -230,38 +204,21 @@ mod tests {
         let api = Api::new(addr.port(), "sk_test").unwrap();
         let mut http = Http::connect(addr).await.unwrap();
         let first = http.send(&api.charge("k-1").unwrap()).await.unwrap();
-        assert_eq!(
-            (first.status, first.replayed, first.is_success()),
-            (201, true, true)
-        );
-        assert_eq!(
-            http.send(&api.charge("k-2").unwrap()).await.unwrap().status,
-            503
-        );
+        assert_eq!((first.status, first.replayed, first.is_success()), (201, true, true));
+        assert_eq!(http.send(&api.charge("k-2").unwrap()).await.unwrap().status, 503);
         let error = http.send(&api.charge("k-3").unwrap()).await.err().unwrap();
-        assert!(
-            error.to_string().contains("closed the connection"),
-            "{error}"
-        );
+        assert!(error.to_string().contains("closed the connection"), "{error}");
         let seen = server.await.unwrap();
         assert!(seen.starts_with("POST /v1/charges HTTP/1.1\r\n"), "{seen}");
-        assert!(
-            seen.contains("\r\nauthorization: Bearer sk_test\r\n"),
-            "{seen}"
-        );
-        assert!(
-            seen.contains(&format!("idempotency-key: k-2\r\n\r\n{BODY}|")),
-            "{seen}"
-        );
+        assert!(seen.contains("\r\nauthorization: Bearer sk_test\r\n"), "{seen}");
+        assert!(seen.contains(&format!("idempotency-key: k-2\r\n\r\n{BODY}|")), "{seen}");
     }
 
     #[test]
     fn heads_it_cannot_frame_and_keys_that_break_a_header_are_errors() {
         assert!(parse_head(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").is_err());
         assert!(parse_head(b"HTTP/1.1 200 OK\r\n\r\n").is_err());
-        assert!(parse_head(b"HTTP/1.1 204 No Content\r\n\r\n")
-            .unwrap()
-            .is_some());
+        assert!(parse_head(b"HTTP/1.1 204 No Content\r\n\r\n").unwrap().is_some());
         assert!(parse_head(b"HTTP/1.1 201 Cre").unwrap().is_none());
         let api = Api::new(8080, "sk_test").unwrap();
         for bad in ["", "two words", "line\r\nx-injected: 1", "ключ"] {

@@ -123,47 +123,18 @@ impl Plan {
         // machine's good and bad seconds alike.
         let (connections, warmup, measure, pool_size, rounds): (&[usize], _, _, _, _) = match quick
         {
-            true => (
-                &[1, 32],
-                Duration::from_millis(300),
-                Duration::from_secs(1),
-                2_000,
-                1,
-            ),
-            false => (
-                &[1, 32, 64],
-                Duration::from_secs(2),
-                Duration::from_secs(10),
-                20_000,
-                5,
-            ),
+            true => (&[1, 32], Duration::from_millis(300), Duration::from_secs(1), 2_000, 1),
+            false => (&[1, 32, 64], Duration::from_secs(2), Duration::from_secs(10), 20_000, 5),
         };
-        Self {
-            quick,
-            connections,
-            warmup,
-            measure,
-            pool_size,
-            rounds,
-            round: 0,
-        }
+        Self { quick, connections, warmup, measure, pool_size, rounds, round: 0 }
     }
 
     /// The plan of round `round`: an equal share of the measured time, and
     /// the warm-up only before the first round.
     fn for_round(&self, round: usize) -> Plan {
         let rounds = u32::try_from(self.rounds.max(1)).unwrap_or(u32::MAX);
-        let warmup = if round == 0 {
-            self.warmup
-        } else {
-            Duration::ZERO
-        };
-        Plan {
-            warmup,
-            measure: self.measure / rounds,
-            round,
-            ..self.clone()
-        }
+        let warmup = if round == 0 { self.warmup } else { Duration::ZERO };
+        Plan { warmup, measure: self.measure / rounds, round, ..self.clone() }
     }
 }
 
@@ -175,12 +146,9 @@ fn main() -> ExitCode {
     let args = Args::parse();
     // One thread: the load generator takes at most one of the machine's
     // cores and leaves the rest to the service and PostgreSQL.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build();
-    let outcome = runtime
-        .context("a tokio runtime")
-        .and_then(|runtime| runtime.block_on(run(args)));
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+    let outcome =
+        runtime.context("a tokio runtime").and_then(|runtime| runtime.block_on(run(args)));
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -195,11 +163,7 @@ async fn run(args: Args) -> Result<()> {
     let plan = Plan::new(args.quick);
     let out_dir = output_dir(args.out)?;
     let binary = ServiceBinary::find(args.service, &out_dir)?;
-    let runs = if args.sustain.is_some() {
-        1
-    } else {
-        usize::try_from(args.runs)?
-    };
+    let runs = if args.sustain.is_some() { 1 } else { usize::try_from(args.runs)? };
     let (mut each, mut targets) = (Vec::new(), Vec::new());
     for run in 1..=runs {
         if runs > 1 {
@@ -242,11 +206,7 @@ async fn run(args: Args) -> Result<()> {
         each.push(markdown);
         targets.extend(run_targets);
     }
-    let mut markdown = if runs > 1 {
-        runs::markdown(&targets) + "\n"
-    } else {
-        String::new()
-    };
+    let mut markdown = if runs > 1 { runs::markdown(&targets) + "\n" } else { String::new() };
     markdown.push_str(&each.join("\n"));
     let written = match args.sustain {
         Some(_) => "sustain.md and sustain.csv",
@@ -257,10 +217,7 @@ async fn run(args: Args) -> Result<()> {
     };
     println!("{markdown}");
     let took = started.elapsed().as_secs_f64();
-    say(format!(
-        "done in {took:.0} s; {written} written to {}",
-        out_dir.display()
-    ));
+    say(format!("done in {took:.0} s; {written} written to {}", out_dir.display()));
     Ok(())
 }
 

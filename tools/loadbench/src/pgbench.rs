@@ -54,28 +54,19 @@ impl ScriptSet {
 
     fn variables(&self, run: &str) -> Vec<String> {
         let run = ("run".to_owned(), run.to_owned());
-        let variables = self
-            .variables
-            .iter()
-            .chain((!self.variables.is_empty()).then_some(&run));
-        variables
-            .flat_map(|(name, value)| ["-D".to_owned(), format!("{name}={value}")])
-            .collect()
+        let variables = self.variables.iter().chain((!self.variables.is_empty()).then_some(&run));
+        variables.flat_map(|(name, value)| ["-D".to_owned(), format!("{name}={value}")]).collect()
     }
 
     /// The command that runs this set at C clients, for the report.
     fn command_line(&self) -> String {
-        let mut variables: String = self
-            .variables
-            .iter()
-            .map(|(name, _)| format!("-D {name}=… "))
-            .collect();
+        let mut variables: String =
+            self.variables.iter().map(|(name, _)| format!("-D {name}=… ")).collect();
         if !variables.is_empty() {
             variables.push_str("-D run=… ");
         }
         let name = |path: &Path| {
-            path.file_name()
-                .map_or(String::new(), |n| n.to_string_lossy().into_owned())
+            path.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned())
         };
         let (new, replay) = (name(&self.new), name(&self.replay));
         format!(
@@ -104,21 +95,9 @@ pub struct PgbenchRun {
 
 impl PgbenchRun {
     fn new(tps: f64, mean_ms: f64, cpu_busy: f64, seconds: f64, latencies: Latencies) -> Self {
-        let (p99_ms, max_ms, slow) = (
-            latencies.percentile_ms(0.99),
-            latencies.max_ms(),
-            latencies.slow(),
-        );
-        Self {
-            tps,
-            mean_ms,
-            p99_ms,
-            max_ms,
-            slow,
-            cpu_busy,
-            seconds,
-            latencies,
-        }
+        let (p99_ms, max_ms, slow) =
+            (latencies.percentile_ms(0.99), latencies.max_ms(), latencies.slow());
+        Self { tps, mean_ms, p99_ms, max_ms, slow, cpu_busy, seconds, latencies }
     }
 
     /// Adds a later round of the same point: throughput over the whole
@@ -132,10 +111,7 @@ impl PgbenchRun {
         *self = PgbenchRun::new(
             per_second(mine + theirs, seconds),
             weighted_mean(&[(self.mean_ms, mine), (other.mean_ms, theirs)]),
-            weighted_mean(&[
-                (self.cpu_busy, self.seconds),
-                (other.cpu_busy, other.seconds),
-            ]),
+            weighted_mean(&[(self.cpu_busy, self.seconds), (other.cpu_busy, other.seconds)]),
             seconds,
             latencies,
         );
@@ -165,10 +141,8 @@ impl Pgbench {
             replay: out_dir.join(format!("{name}-replay.sql")),
             variables,
         };
-        let (own_sql, floor) = (
-            set("own SQL", "own-sql", values.variables()),
-            set("floor", "floor", Vec::new()),
-        );
+        let (own_sql, floor) =
+            (set("own SQL", "own-sql", values.variables()), set("floor", "floor", Vec::new()));
         let own =
             "-- The service's own SQL: the constants of chargeonce::db it runs per request,\n\
                    -- translated by chargeonce-loadbench (tools/loadbench/src/script.rs).\n";
@@ -176,19 +150,9 @@ impl Pgbench {
                      -- (tools/loadbench/src/script.rs).\n";
         for (set, path, header, body) in [
             (&own_sql, &own_sql.new, own, script::own_sql_new()?),
-            (
-                &own_sql,
-                &own_sql.replay,
-                own,
-                script::own_sql_replay(plan.pool_size)?,
-            ),
+            (&own_sql, &own_sql.replay, own, script::own_sql_replay(plan.pool_size)?),
             (&floor, &floor.new, least, script::FLOOR_NEW.to_owned()),
-            (
-                &floor,
-                &floor.replay,
-                least,
-                script::floor_replay(plan.pool_size),
-            ),
+            (&floor, &floor.replay, least, script::floor_replay(plan.pool_size)),
         ] {
             let variables = set.variables("byhand");
             let by_hand: String = variables.iter().map(|arg| shell_quote(arg) + " ").collect();
@@ -200,12 +164,7 @@ impl Pgbench {
             fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
             say(format!("pgbench script: {}", path.display()));
         }
-        Ok(Self {
-            url,
-            own_sql,
-            floor,
-            log_dir: out_dir.join("pgbench-log"),
-        })
+        Ok(Self { url, own_sql, floor, log_dir: out_dir.join("pgbench-log") })
     }
 
     pub fn command_lines(&self) -> Vec<String> {
@@ -214,11 +173,7 @@ impl Pgbench {
 
     async fn pgbench(&self, args: &[String]) -> Result<String> {
         let mut command = tokio::process::Command::new("pgbench");
-        command
-            .args(["-n", "-M", "prepared"])
-            .args(args)
-            .arg(&self.url)
-            .kill_on_drop(true);
+        command.args(["-n", "-M", "prepared"]).args(args).arg(&self.url).kill_on_drop(true);
         let output = command
             .output()
             .await
@@ -246,43 +201,27 @@ impl Pgbench {
         service_pid: u32,
     ) -> Result<PgbenchRun> {
         let run = format!("{}-{clients}-{}", workload.name(), plan.round);
-        let mut args = vec![
-            "-c".to_owned(),
-            clients.to_string(),
-            "-j".to_owned(),
-            THREADS.to_string(),
-        ];
+        let mut args =
+            vec!["-c".to_owned(), clients.to_string(), "-j".to_owned(), THREADS.to_string()];
         args.extend(set.args(workload, &run));
         // -T takes whole seconds.
         let seconds = |duration: Duration| ["-T".to_owned(), duration.as_secs().max(1).to_string()];
         if !plan.quick && !plan.warmup.is_zero() {
-            self.pgbench(&[args.clone(), seconds(plan.warmup).to_vec()].concat())
-                .await?;
+            self.pgbench(&[args.clone(), seconds(plan.warmup).to_vec()].concat()).await?;
         }
         args.extend(seconds(plan.measure));
         // One log file per pgbench thread, `<prefix>.<pid>[.<thread>]`.
         let _ = fs::remove_dir_all(&self.log_dir);
         fs::create_dir_all(&self.log_dir)
             .with_context(|| format!("creating {}", self.log_dir.display()))?;
-        let prefix = self
-            .log_dir
-            .join(format!("{}-{run}", set.label.replace(' ', "-")));
-        args.extend([
-            "-l".to_owned(),
-            format!("--log-prefix={}", prefix.display()),
-        ]);
+        let prefix = self.log_dir.join(format!("{}-{run}", set.label.replace(' ', "-")));
+        args.extend(["-l".to_owned(), format!("--log-prefix={}", prefix.display())]);
         let start = CpuClock::read(service_pid)?;
         let stdout = self.pgbench(&args).await?;
         let cpu = CpuShare::between(&start, &CpuClock::read(service_pid)?);
         let (tps, mean_ms) = summary(&stdout)?;
         let measured = plan.measure.as_secs().max(1) as f64;
-        Ok(PgbenchRun::new(
-            tps,
-            mean_ms,
-            cpu.busy,
-            measured,
-            logged_latencies(&self.log_dir)?,
-        ))
+        Ok(PgbenchRun::new(tps, mean_ms, cpu.busy, measured, logged_latencies(&self.log_dir)?))
     }
 
     /// Runs each script a few times and checks its effect: a new charge
@@ -304,27 +243,13 @@ impl Pgbench {
         let final_rows = "SELECT count(*) FROM bench_charges WHERE status = 'succeeded'";
         for (set, workload, rows, made) in [
             (&self.own_sql, Workload::New, like_service, CHECK_RUNS),
-            (
-                &self.own_sql,
-                Workload::Replay,
-                "SELECT count(*) FROM charges",
-                0,
-            ),
+            (&self.own_sql, Workload::Replay, "SELECT count(*) FROM charges", 0),
             (&self.floor, Workload::New, final_rows, CHECK_RUNS),
-            (
-                &self.floor,
-                Workload::Replay,
-                "SELECT count(*) FROM bench_charges",
-                0,
-            ),
+            (&self.floor, Workload::Replay, "SELECT count(*) FROM bench_charges", 0),
         ] {
             let before = count(rows).await?;
-            let mut args = vec![
-                "-c".to_owned(),
-                "1".to_owned(),
-                "-t".to_owned(),
-                CHECK_RUNS.to_string(),
-            ];
+            let mut args =
+                vec!["-c".to_owned(), "1".to_owned(), "-t".to_owned(), CHECK_RUNS.to_string()];
             args.extend(set.args(workload, "check"));
             self.pgbench(&args).await?;
             let made_now = count(rows).await? - before;
@@ -364,28 +289,18 @@ fn logged_latencies(log_dir: &Path) -> Result<Latencies> {
         let text =
             fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
         for line in text.lines() {
-            let latency = line
-                .split_whitespace()
-                .nth(2)
-                .and_then(|us| us.parse().ok());
+            let latency = line.split_whitespace().nth(2).and_then(|us| us.parse().ok());
             latencies.record_us(
                 latency.with_context(|| format!("a line of {}: {line}", path.display()))?,
             );
         }
     }
-    ensure!(
-        latencies.count() > 0,
-        "pgbench logged no transactions in {}",
-        log_dir.display()
-    );
+    ensure!(latencies.count() > 0, "pgbench logged no transactions in {}", log_dir.display());
     Ok(latencies)
 }
 
 fn shell_quote(text: &str) -> String {
-    match text
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || "-_=./:@".contains(c))
-    {
+    match text.chars().all(|c| c.is_ascii_alphanumeric() || "-_=./:@".contains(c)) {
         true => text.to_owned(),
         false => format!("'{}'", text.replace('\'', r"'\''")),
     }
@@ -404,11 +319,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("loadbench-logs-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join("floor-0.1"), "0 0 1000 0 1 1\n1 0 198188 0 1 2\n").unwrap();
-        fs::write(
-            dir.join("floor-0.1.1"),
-            "2 0 2000 0 1 3\n3 0 100000 0 1 4\n",
-        )
-        .unwrap();
+        fs::write(dir.join("floor-0.1.1"), "2 0 2000 0 1 3\n3 0 100000 0 1 4\n").unwrap();
         let latencies = logged_latencies(&dir).unwrap();
         fs::remove_dir_all(&dir).unwrap();
         // 100 ms itself is not over; 198 ms is.
@@ -439,9 +350,7 @@ mod tests {
             PgbenchRun::new(tps, mean_ms, cpu, 2.0, latencies)
         };
         let mut point = run(1_000.0, 1.0, 30.0, &[1_000, 2_000]);
-        point
-            .merge(&run(3_000.0, 0.2, 50.0, &[500, 150_000]))
-            .unwrap();
+        point.merge(&run(3_000.0, 0.2, 50.0, &[500, 150_000])).unwrap();
         // 2,000 and 6,000 transactions in 4 s; the mean weighted by them.
         assert!((point.tps - 2_000.0).abs() < 1e-9 && (point.mean_ms - 0.4).abs() < 1e-9);
         assert!((point.cpu_busy - 40.0).abs() < 1e-9);

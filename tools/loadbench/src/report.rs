@@ -31,18 +31,13 @@ pub struct Row {
 
 /// The service's throughput over a pgbench run's, if the run made any.
 pub fn ratio(sample: &Sample, yardstick: Option<&PgbenchRun>) -> Option<f64> {
-    yardstick
-        .filter(|run| run.tps > 0.0)
-        .map(|run| sample.rps() / run.tps)
+    yardstick.filter(|run| run.tps > 0.0).map(|run| sample.rps() / run.tps)
 }
 
 /// The lowest and the highest of `values`; None if there are none.
 pub fn lowest_and_highest(values: &[f64]) -> Option<(f64, f64)> {
     let (&first, rest) = values.split_first()?;
-    Some(
-        rest.iter()
-            .fold((first, first), |(low, high), &v| (low.min(v), high.max(v))),
-    )
+    Some(rest.iter().fold((first, first), |(low, high), &v| (low.min(v), high.max(v))))
 }
 
 impl Row {
@@ -101,12 +96,7 @@ impl Bound {
 impl Target {
     fn on_number(name: String, measured: String, value: Option<f64>, bound: Bound) -> Self {
         let met = value.map(|value| bound.keeps(value));
-        Target {
-            name,
-            measured,
-            met,
-            number: value.map(|value| (value, bound)),
-        }
+        Target { name, measured, met, number: value.map(|value| (value, bound)) }
     }
 }
 
@@ -123,9 +113,7 @@ fn number(value: Option<f64>, decimals: usize) -> String {
 
 impl Report {
     fn row(&self, scenario: &str, connections: usize) -> Option<&Row> {
-        self.rows
-            .iter()
-            .find(|row| row.scenario == scenario && row.connections == connections)
+        self.rows.iter().find(|row| row.scenario == scenario && row.connections == connections)
     }
 
     pub fn targets(&self) -> Vec<Target> {
@@ -142,40 +130,25 @@ impl Report {
             let measured = row.filter(|_| ratio.is_some()).map(Row::floor_ratio_text);
             let name = format!("{scenario} ≥ {min:.1} × floor at {connections}");
             let measured = measured.unwrap_or_else(|| "not measured".to_owned());
-            targets.push(Target::on_number(
-                name,
-                measured,
-                ratio,
-                Bound::AtLeast(min),
-            ));
+            targets.push(Target::on_number(name, measured, ratio, Bound::AtLeast(min)));
         }
 
         // The floor's own p99 at the same count says what this machine can
         // do at all.
         let new_32 = self.row("new", TARGET_CONNECTIONS);
         let p99 = new_32.map(|row| row.sample.tally.percentile_ms(0.99));
-        let floor_p99 = new_32
-            .and_then(|row| row.floor.as_ref())
-            .map(|run| run.p99_ms);
+        let floor_p99 = new_32.and_then(|row| row.floor.as_ref()).map(|run| run.p99_ms);
         let measured = p99.map_or("not measured".to_owned(), |p| match floor_p99 {
             Some(floor) => format!("{p:.2} ms (floor: {floor:.2} ms)"),
             None => format!("{p:.2} ms"),
         });
         let name = format!("p99 of new at {TARGET_CONNECTIONS} ≤ {P99_NEW_MAX_MS:.0} ms");
-        targets.push(Target::on_number(
-            name,
-            measured,
-            p99,
-            Bound::AtMost(P99_NEW_MAX_MS),
-        ));
+        targets.push(Target::on_number(name, measured, p99, Bound::AtMost(P99_NEW_MAX_MS)));
 
         // The floor's own count at the same scenario tells a stall of the
         // machine (every client of the floor waits too) from one of ours.
-        let at_32: Vec<&Row> = self
-            .rows
-            .iter()
-            .filter(|r| r.connections == TARGET_CONNECTIONS)
-            .collect();
+        let at_32: Vec<&Row> =
+            self.rows.iter().filter(|r| r.connections == TARGET_CONNECTIONS).collect();
         let slow: Vec<String> = (at_32.iter())
             .map(|row| {
                 let floor = row
@@ -190,22 +163,13 @@ impl Report {
                 "no request over {} ms in any scenario at {TARGET_CONNECTIONS}",
                 SLOW.as_millis()
             ),
-            measured: if slow.is_empty() {
-                "not measured".to_owned()
-            } else {
-                slow.join(", ")
-            },
+            measured: if slow.is_empty() { "not measured".to_owned() } else { slow.join(", ") },
             met: (!at_32.is_empty()).then(|| at_32.iter().all(|row| row.sample.tally.slow() == 0)),
             number: None,
         });
         let failures: u64 = self.rows.iter().map(|row| row.sample.tally.non_2xx()).sum();
         let (name, measured) = ("zero non-2xx answers".to_owned(), failures.to_string());
-        targets.push(Target {
-            name,
-            measured,
-            met: Some(failures == 0),
-            number: None,
-        });
+        targets.push(Target { name, measured, met: Some(failures == 0), number: None });
         let rss = mb(self.peak_rss);
         let name = format!("peak RSS ≤ {PEAK_RSS_MAX_MB:.0} MB");
         targets.push(Target::on_number(
@@ -258,9 +222,7 @@ impl Report {
         }
         md.push_str("\nTargets:\n\n| target | measured | result |\n|---|---|---|\n");
         for target in self.targets() {
-            let result = target
-                .met
-                .map_or("—", |met| if met { "PASS" } else { "MISS" });
+            let result = target.met.map_or("—", |met| if met { "PASS" } else { "MISS" });
             let _ = writeln!(md, "| {} | {} | {result} |", target.name, target.measured);
         }
         md
@@ -352,10 +314,9 @@ impl Report {
             self.bursts.not_created_once,
             mb(self.peak_rss)
         );
-        for (flow, captured) in [
-            ("new charge", &self.capture.new),
-            ("replay", &self.capture.replay),
-        ] {
+        for (flow, captured) in
+            [("new charge", &self.capture.new), ("replay", &self.capture.replay)]
+        {
             let (requests, trips) = (captured.requests, captured.round_trips());
             let _ = writeln!(
                 md,
@@ -381,11 +342,7 @@ impl Report {
             for seen in &captured.statements {
                 let constant = seen.constant.unwrap_or("unknown");
                 let per_request = captured.per_request(seen);
-                let _ = writeln!(
-                    md,
-                    "| {flow} | {} | {per_request:.3} | {constant} |",
-                    seen.calls
-                );
+                let _ = writeln!(md, "| {flow} | {} | {per_request:.3} | {constant} |", seen.calls);
             }
         }
     }
@@ -401,19 +358,12 @@ mod tests {
 
     #[test]
     fn the_spread_is_the_lowest_and_the_highest_round_when_there_are_several() {
-        assert_eq!(
-            lowest_and_highest(&[1.04, 0.88, 1.10, 0.97]),
-            Some((0.88, 1.10))
-        );
+        assert_eq!(lowest_and_highest(&[1.04, 0.88, 1.10, 0.97]), Some((0.88, 1.10)));
         assert_eq!(lowest_and_highest(&[]), None);
         let row = |ratios: &[f64]| Row {
             scenario: "replay".to_owned(),
             connections: 1,
-            sample: Sample {
-                tally: crate::stats::Tally::new().unwrap(),
-                seconds: 0.0,
-                cpu: None,
-            },
+            sample: Sample { tally: crate::stats::Tally::new().unwrap(), seconds: 0.0, cpu: None },
             own: None,
             floor: None,
             floor_ratio_by_round: ratios.to_vec(),

@@ -22,9 +22,7 @@ pub fn interval(values: &[f64]) -> Option<(f64, f64, f64)> {
     let count = values.len() as f64;
     let mean = values.iter().sum::<f64>() / count;
     let variance = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (count - 1.0);
-    let t = StudentsT::new(0.0, 1.0, count - 1.0)
-        .ok()?
-        .inverse_cdf(0.975);
+    let t = StudentsT::new(0.0, 1.0, count - 1.0).ok()?.inverse_cdf(0.975);
     let half = t * (variance / count).sqrt();
     (values.len() >= 2).then_some((mean, mean - half, mean + half))
 }
@@ -46,10 +44,7 @@ pub fn markdown(runs: &[Vec<Target>]) -> String {
         let of_runs: Vec<&Target> = runs.iter().filter_map(|run| run.get(index)).collect();
         let results: Vec<bool> = of_runs.iter().filter_map(|t| t.met).collect();
         let met = results.iter().filter(|&&met| met).count();
-        let numbers: Vec<f64> = of_runs
-            .iter()
-            .filter_map(|t| t.number.map(|n| n.0))
-            .collect();
+        let numbers: Vec<f64> = of_runs.iter().filter_map(|t| t.number.map(|n| n.0)).collect();
         let bound = of_runs.iter().find_map(|t| t.number.map(|n| n.1));
         let mean = interval(&numbers);
         let verdict = match (bound, mean) {
@@ -63,17 +58,12 @@ pub fn markdown(runs: &[Vec<Target>]) -> String {
             _ if met == results.len() => "MET",
             _ => "MISSED",
         };
-        let mean = mean.map_or("—".to_owned(), |(m, l, h)| {
-            format!("{m:.2} ({l:.2}–{h:.2})")
-        });
+        let mean = mean.map_or("—".to_owned(), |(m, l, h)| format!("{m:.2} ({l:.2}–{h:.2})"));
         let range = lowest_and_highest(&numbers)
             .map_or("—".to_owned(), |(l, h)| format!("{l:.2}–{h:.2}"));
         let name = &target.name;
-        let _ = writeln!(
-            md,
-            "| {name} | {met} of {} | {mean} | {range} | {verdict} |",
-            results.len()
-        );
+        let _ =
+            writeln!(md, "| {name} | {met} of {} | {mean} | {range} | {verdict} |", results.len());
     }
     md
 }
@@ -85,25 +75,13 @@ mod tests {
 
     fn target(value: f64, bound: Bound) -> Target {
         let met = Some(bound.keeps(value));
-        Target {
-            name: "t".to_owned(),
-            measured: String::new(),
-            met,
-            number: Some((value, bound)),
-        }
+        Target { name: "t".to_owned(), measured: String::new(), met, number: Some((value, bound)) }
     }
 
     fn verdict(values: &[f64], bound: Bound) -> String {
         let runs: Vec<Vec<Target>> = values.iter().map(|&v| vec![target(v, bound)]).collect();
         let md = markdown(&runs);
-        md.lines()
-            .last()
-            .unwrap()
-            .rsplit('|')
-            .nth(1)
-            .unwrap()
-            .trim()
-            .to_owned()
+        md.lines().last().unwrap().rsplit('|').nth(1).unwrap().trim().to_owned()
     }
 
     #[test]
@@ -123,10 +101,7 @@ mod tests {
         assert_eq!(verdict(&[1.13, 1.11, 1.08], at_least), "MET");
         assert_eq!(verdict(&[1.13, 0.97, 1.06, 0.94], at_least), "UNDECIDED");
         assert_eq!(verdict(&[0.90, 0.92, 0.91], at_least), "MISSED");
-        assert_eq!(
-            verdict(&[8.0, 20.0, 12.0], Bound::AtMost(15.0)),
-            "UNDECIDED"
-        );
+        assert_eq!(verdict(&[8.0, 20.0, 12.0], Bound::AtMost(15.0)), "UNDECIDED");
         assert_eq!(verdict(&[8.0, 9.0, 10.0], Bound::AtMost(15.0)), "MET");
         let line = markdown(&[vec![target(1.14, at_least)], vec![target(1.08, at_least)]]);
         assert!(line.contains("| t | 2 of 2 | 1.11 ("), "{line}");
@@ -134,14 +109,8 @@ mod tests {
 
     #[test]
     fn a_never_target_is_met_only_if_every_run_met_it() {
-        let never = |met| {
-            vec![Target {
-                name: "n".into(),
-                measured: String::new(),
-                met,
-                number: None,
-            }]
-        };
+        let never =
+            |met| vec![Target { name: "n".into(), measured: String::new(), met, number: None }];
         let md = markdown(&[never(Some(true)), never(Some(false)), never(Some(true))]);
         assert!(md.ends_with("| n | 2 of 3 | — | — | MISSED |\n"), "{md}");
         assert!(markdown(&[never(Some(true)), never(Some(true))]).ends_with("| MET |\n"));

@@ -105,48 +105,36 @@ pub async fn closed_loop(
     let clients = Http::connect_many(api.addr, connections).await?;
     let measured_from = Instant::now() + plan.warmup;
     let until = measured_from + plan.measure;
-    let runs = clients
-        .into_iter()
-        .enumerate()
-        .map(|(client, mut http)| async move {
-            let mut keys = Keys::new(workload, connections, client, plan);
-            let mut tally = Tally::new()?;
-            while Instant::now() < until {
-                let answer = http.send(&api.charge(&keys.next_key())?).await?;
-                if (measured_from..=until).contains(&answer.finished) {
-                    tally.record(&answer);
-                }
+    let runs = clients.into_iter().enumerate().map(|(client, mut http)| async move {
+        let mut keys = Keys::new(workload, connections, client, plan);
+        let mut tally = Tally::new()?;
+        while Instant::now() < until {
+            let answer = http.send(&api.charge(&keys.next_key())?).await?;
+            if (measured_from..=until).contains(&answer.finished) {
+                tally.record(&answer);
             }
-            anyhow::Ok(tally)
-        });
-    let (results, cpu) = tokio::join!(
-        join_all(runs),
-        cpu_between(measured_from, until, service_pid)
-    );
+        }
+        anyhow::Ok(tally)
+    });
+    let (results, cpu) =
+        tokio::join!(join_all(runs), cpu_between(measured_from, until, service_pid));
     let mut tally = Tally::new()?;
     for result in results {
         tally.merge(&result?)?;
     }
-    Ok(Sample {
-        tally,
-        seconds: plan.measure.as_secs_f64(),
-        cpu: Some(cpu?),
-    })
+    Ok(Sample { tally, seconds: plan.measure.as_secs_f64(), cpu: Some(cpu?) })
 }
 
 /// Sends each key once, spread over `connections` sequential clients.
 pub async fn send_all(api: &Api, connections: usize, keys: &[String]) -> Result<Tally> {
     let clients = Http::connect_many(api.addr, connections).await?;
-    let runs = clients
-        .into_iter()
-        .enumerate()
-        .map(|(client, mut http)| async move {
-            let mut tally = Tally::new()?;
-            for key in keys.iter().skip(client).step_by(connections) {
-                tally.record(&http.send(&api.charge(key)?).await?);
-            }
-            anyhow::Ok(tally)
-        });
+    let runs = clients.into_iter().enumerate().map(|(client, mut http)| async move {
+        let mut tally = Tally::new()?;
+        for key in keys.iter().skip(client).step_by(connections) {
+            tally.record(&http.send(&api.charge(key)?).await?);
+        }
+        anyhow::Ok(tally)
+    });
     let mut tally = Tally::new()?;
     for result in join_all(runs).await {
         tally.merge(&result?)?;
@@ -169,10 +157,7 @@ pub async fn bursts(api: &Api, plan: &Plan, service_pid: u32) -> Result<(Sample,
     let measured_from = Instant::now() + plan.warmup;
     let until = measured_from + plan.measure;
     let (mut cpu_clock, mut tally) = (None, Tally::new()?);
-    let mut counts = BurstCounts {
-        rounds: 0,
-        not_created_once: 0,
-    };
+    let mut counts = BurstCounts { rounds: 0, not_created_once: 0 };
     let mut window: Option<(Instant, Instant)> = None;
     for round in 1.. {
         if Instant::now() >= until {
@@ -185,10 +170,7 @@ pub async fn bursts(api: &Api, plan: &Plan, service_pid: u32) -> Result<(Sample,
             barrier.wait().await;
             http.send(&request).await
         });
-        let answers = join_all(sends)
-            .await
-            .into_iter()
-            .collect::<Result<Vec<_>>>()?;
+        let answers = join_all(sends).await.into_iter().collect::<Result<Vec<_>>>()?;
         if started < measured_from {
             continue;
         }
@@ -197,10 +179,7 @@ pub async fn bursts(api: &Api, plan: &Plan, service_pid: u32) -> Result<(Sample,
         }
         window = Some((window.map_or(started, |(first, _)| first), Instant::now()));
         counts.rounds += 1;
-        let created = answers
-            .iter()
-            .filter(|a| a.is_success() && !a.replayed)
-            .count();
+        let created = answers.iter().filter(|a| a.is_success() && !a.replayed).count();
         counts.not_created_once += u64::from(created != 1);
         answers.iter().for_each(|answer| tally.record(answer));
     }
@@ -209,14 +188,7 @@ pub async fn bursts(api: &Api, plan: &Plan, service_pid: u32) -> Result<(Sample,
         Some(start) => Some(CpuShare::between(&start, &CpuClock::read(service_pid)?)),
         None => None,
     };
-    Ok((
-        Sample {
-            tally,
-            seconds,
-            cpu,
-        },
-        counts,
-    ))
+    Ok((Sample { tally, seconds, cpu }, counts))
 }
 
 #[cfg(test)]
@@ -225,40 +197,23 @@ mod tests {
 
     #[test]
     fn keys_are_fresh_pooled_or_mixed_the_same_every_run_and_new_each_round() {
-        let plan = |round| Plan {
-            pool_size: 100,
-            round,
-            ..Plan::new(true)
-        };
+        let plan = |round| Plan { pool_size: 100, round, ..Plan::new(true) };
         let draw = |workload, round| {
             let mut keys = Keys::new(workload, 32, 3, &plan(round));
             (0..1000).map(|_| keys.next_key()).collect::<Vec<_>>()
         };
-        assert_eq!(
-            draw(Workload::New, 0)[..2],
-            ["new-32-3-0-1", "new-32-3-0-2"]
-        );
-        let pooled = |key: &String| {
-            key.strip_prefix(POOL_KEY_PREFIX)
-                .and_then(|i| i.parse::<usize>().ok())
-        };
-        assert!(draw(Workload::Replay, 0)
-            .iter()
-            .all(|key| pooled(key).is_some_and(|i| i < 100)));
+        assert_eq!(draw(Workload::New, 0)[..2], ["new-32-3-0-1", "new-32-3-0-2"]);
+        let pooled =
+            |key: &String| key.strip_prefix(POOL_KEY_PREFIX).and_then(|i| i.parse::<usize>().ok());
+        assert!(draw(Workload::Replay, 0).iter().all(|key| pooled(key).is_some_and(|i| i < 100)));
         let mix = draw(Workload::Mix, 0);
         assert_eq!(mix, draw(Workload::Mix, 0));
         let fresh = mix.iter().filter(|k| k.starts_with("mix-")).count();
         assert!((850..950).contains(&fresh), "{fresh} of 1000 new");
         for workload in [Workload::New, Workload::Mix] {
             let (first, later) = (draw(workload, 0), draw(workload, 1));
-            let repeated = later
-                .iter()
-                .filter(|k| pooled(k).is_none() && first.contains(k));
-            assert_eq!(
-                repeated.count(),
-                0,
-                "round 1 of {workload:?} repeats a new key"
-            );
+            let repeated = later.iter().filter(|k| pooled(k).is_none() && first.contains(k));
+            assert_eq!(repeated.count(), 0, "round 1 of {workload:?} repeats a new key");
         }
         assert_ne!(draw(Workload::Replay, 0), draw(Workload::Replay, 1));
     }

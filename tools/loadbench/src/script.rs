@@ -61,27 +61,18 @@ pub struct Value {
 impl Value {
     /// A pgbench variable: given with `-D`, or set by an earlier `\gset`.
     pub fn var(name: &str) -> Self {
-        Self {
-            draw: None,
-            sql: format!(":{name}"),
-        }
+        Self { draw: None, sql: format!(":{name}") }
     }
 
     /// SQL the server evaluates on each run; it may use `:variables`.
     pub fn sql(sql: &str) -> Self {
-        Self {
-            draw: None,
-            sql: sql.to_owned(),
-        }
+        Self { draw: None, sql: sql.to_owned() }
     }
 
     /// A number pgbench draws on each run (`\set name expression`), used in
     /// `sql`.
     pub fn drawn(name: &str, expression: &str, sql: &str) -> Self {
-        Self {
-            draw: Some((name.to_owned(), expression.to_owned())),
-            sql: sql.to_owned(),
-        }
+        Self { draw: Some((name.to_owned(), expression.to_owned())), sql: sql.to_owned() }
     }
 
     /// The parameter's text in the statement, cast to its declared type.
@@ -136,11 +127,7 @@ pub fn statement_lines(
                 }
             };
         };
-        let index = n
-            .as_str()
-            .parse::<usize>()
-            .ok()
-            .and_then(|n| n.checked_sub(1));
+        let index = n.as_str().parse::<usize>().ok().and_then(|n| n.checked_sub(1));
         let Some(index) = index.filter(|&i| i < values.len()) else {
             problem = Some(format!("{token} has no value"));
             return String::new();
@@ -192,11 +179,7 @@ fn insert_or_find_values(key: Value) -> Vec<Value> {
 /// A new charge with the service's own SQL: a fresh key per run, the
 /// pending charge inserted, then its outcome (and outbox event) recorded.
 pub fn own_sql_new() -> Result<String> {
-    let key = Value::drawn(
-        "k",
-        &format!("random(1, {RANDOM_MAX})"),
-        "'pgb-' || :run || '-' || :k",
-    );
+    let key = Value::drawn("k", &format!("random(1, {RANDOM_MAX})"), "'pgb-' || :run || '-' || :k");
     let mut text = String::new();
     heading(&mut text, 1, 2, NEW_CHARGE_STATEMENTS[0]);
     text.push_str(&statement_lines(
@@ -262,11 +245,7 @@ impl ServiceValues {
             )
             .await
             .context("reading the merchant, fingerprint and event payload of a charge")?;
-        Ok(Self {
-            merchant_id: row.get(0),
-            fingerprint: row.get(1),
-            payload: row.get(2),
-        })
+        Ok(Self { merchant_id: row.get(0), fingerprint: row.get(1), payload: row.get(2) })
     }
 
     /// The `-D` variables of the own-SQL scripts, but `run` (which names
@@ -353,13 +332,8 @@ mod tests {
              AND n < (:n * 2)::int8 AND m = (:n * 2)::int8 \\gset row_\n"
         );
         let error = |sql, values: &[Value]| {
-            let statement = Statement {
-                sql,
-                params: &[Type::TEXT, Type::TEXT],
-            };
-            statement_lines(&statement, values, None)
-                .unwrap_err()
-                .to_string()
+            let statement = Statement { sql, params: &[Type::TEXT, Type::TEXT] };
+            statement_lines(&statement, values, None).unwrap_err().to_string()
         };
         let (a, b) = (Value::var("a"), Value::var("b"));
         assert!(error("SELECT $1, $2", std::slice::from_ref(&a)).contains("1 values for 2"));

@@ -38,18 +38,12 @@ impl ServiceBinary {
             Some(path) => Chargeonce::new(path, out_dir),
             None => Chargeonce::beside_this_program(out_dir).map_err(anyhow::Error::msg)?,
         };
-        Ok(Self {
-            binary,
-            out_dir: out_dir.to_owned(),
-        })
+        Ok(Self { binary, out_dir: out_dir.to_owned() })
     }
 
     /// Runs `chargeonce ARGS` to completion; returns its stdout.
     pub async fn cli(&self, database_url: &str, args: &[&str]) -> Result<String> {
-        self.binary
-            .run(database_url, args)
-            .await
-            .map_err(anyhow::Error::msg)
+        self.binary.run(database_url, args).await.map_err(anyhow::Error::msg)
     }
 
     /// `chargeonce serve`, ready; killed when dropped. `poll` is how often
@@ -65,10 +59,7 @@ impl ServiceBinary {
             Ok(level) => command.env("RUST_LOG", format!("{level},chargeonce::startup=info")),
             Err(_) => command.env_remove("RUST_LOG"),
         };
-        let options = SpawnOptions {
-            log_file: Some(self.out_dir.join("service.log")),
-            poll,
-        };
+        let options = SpawnOptions { log_file: Some(self.out_dir.join("service.log")), poll };
         Spawned::start_with(command, "/readyz", options).await
     }
 
@@ -103,10 +94,8 @@ impl ServiceBinary {
             drop(service);
         }
         ready.sort();
-        let listed: Vec<String> = ready
-            .iter()
-            .map(|d| format!("{:.0} ms", d.as_secs_f64() * 1000.0))
-            .collect();
+        let listed: Vec<String> =
+            ready.iter().map(|d| format!("{:.0} ms", d.as_secs_f64() * 1000.0)).collect();
         say(format!("start-to-ready: {}", listed.join(", ")));
         ready
     }

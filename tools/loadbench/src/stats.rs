@@ -35,9 +35,7 @@ impl Latencies {
     }
 
     pub fn merge(&mut self, other: &Latencies) -> Result<()> {
-        self.histogram
-            .add(&other.histogram)
-            .context("merging latencies")?;
+        self.histogram.add(&other.histogram).context("merging latencies")?;
         self.slow += other.slow;
         Ok(())
     }
@@ -76,15 +74,11 @@ pub struct Tally {
 
 impl Tally {
     pub fn new() -> Result<Self> {
-        Ok(Self {
-            latencies: Latencies::new()?,
-            statuses: BTreeMap::new(),
-        })
+        Ok(Self { latencies: Latencies::new()?, statuses: BTreeMap::new() })
     }
 
     pub fn record(&mut self, answer: &Answer) {
-        self.latencies
-            .record_us(u64::try_from(answer.latency.as_micros()).unwrap_or(u64::MAX));
+        self.latencies.record_us(u64::try_from(answer.latency.as_micros()).unwrap_or(u64::MAX));
         *self.statuses.entry(answer.status).or_default() += 1;
     }
 
@@ -105,11 +99,7 @@ impl Tally {
     }
 
     pub fn non_2xx(&self) -> u64 {
-        self.statuses
-            .iter()
-            .filter(|(s, _)| !(200..300).contains(*s))
-            .map(|(_, n)| n)
-            .sum()
+        self.statuses.iter().filter(|(s, _)| !(200..300).contains(*s)).map(|(_, n)| n).sum()
     }
 
     /// "0", or e.g. "3 (409: 2, 503: 1)".
@@ -125,11 +115,7 @@ impl Tally {
     }
 
     pub fn require_success(&self, what: &str) -> Result<()> {
-        ensure!(
-            self.non_2xx() == 0,
-            "{what}: unexpected answers {}",
-            self.non_2xx_text()
-        );
+        ensure!(self.non_2xx() == 0, "{what}: unexpected answers {}", self.non_2xx_text());
         Ok(())
     }
 }
@@ -151,10 +137,9 @@ impl Sample {
     pub fn merge(&mut self, other: &Sample) -> Result<()> {
         self.tally.merge(&other.tally)?;
         self.cpu = match (self.cpu, other.cpu) {
-            (Some(mine), Some(theirs)) => Some(CpuShare::weighted(&[
-                (mine, self.seconds),
-                (theirs, other.seconds),
-            ])),
+            (Some(mine), Some(theirs)) => {
+                Some(CpuShare::weighted(&[(mine, self.seconds), (theirs, other.seconds)]))
+            }
             (mine, theirs) => mine.or(theirs),
         };
         self.seconds += other.seconds;
@@ -174,10 +159,7 @@ pub fn per_second(count: f64, seconds: f64) -> f64 {
 /// The mean of `values` weighted by `weights`, 0 when they weigh nothing.
 pub fn weighted_mean(values: &[(f64, f64)]) -> f64 {
     let total: f64 = values.iter().map(|(_, weight)| weight).sum();
-    per_second(
-        values.iter().map(|(value, weight)| value * weight).sum(),
-        total,
-    )
+    per_second(values.iter().map(|(value, weight)| value * weight).sum(), total)
 }
 
 #[cfg(test)]
@@ -207,16 +189,8 @@ mod tests {
         let sample = |answers: u64, seconds: f64, busy: f64| {
             let mut tally = Tally::new().unwrap();
             (0..answers).for_each(|_| tally.latencies.record_us(100));
-            let cpu = CpuShare {
-                busy,
-                service: busy / 2.0,
-                generator: 1.0,
-            };
-            Sample {
-                tally,
-                seconds,
-                cpu: Some(cpu),
-            }
+            let cpu = CpuShare { busy, service: busy / 2.0, generator: 1.0 };
+            Sample { tally, seconds, cpu: Some(cpu) }
         };
         let mut point = sample(3_000, 1.0, 30.0);
         point.merge(&sample(1_000, 3.0, 50.0)).unwrap();

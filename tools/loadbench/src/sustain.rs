@@ -68,12 +68,9 @@ pub async fn run(
     length: Duration,
     percent: u32,
 ) -> Result<Sustained> {
-    say(format!(
-        "measuring the maximum throughput of the mix at {MAX_CONNECTIONS} connections"
-    ));
+    say(format!("measuring the maximum throughput of the mix at {MAX_CONNECTIONS} connections"));
     let max = closed_loop(api, Workload::Mix, MAX_CONNECTIONS, plan, pid).await?;
-    max.tally
-        .require_success("the maximum-throughput measurement")?;
+    max.tally.require_success("the maximum-throughput measurement")?;
     let max_rps = max.rps();
     let target_rps = max_rps * f64::from(percent) / 100.0;
     say(format!(
@@ -153,13 +150,7 @@ pub async fn run(
     sampled?;
     results.into_iter().collect::<Result<Vec<()>>>()?;
     let (seconds, minutes) = (seconds.into_inner(), minutes.into_inner());
-    Ok(Sustained {
-        max_rps,
-        percent,
-        target_rps,
-        seconds,
-        minutes,
-    })
+    Ok(Sustained { max_rps, percent, target_rps, seconds, minutes })
 }
 
 fn mb(bytes: u64) -> f64 {
@@ -227,11 +218,7 @@ impl Sustained {
         let last = self.seconds.len();
         let peak = |from: usize, to: usize| {
             let range = &self.seconds[from.min(last)..to.min(last)];
-            range
-                .iter()
-                .filter_map(|s| s.rss)
-                .max()
-                .map_or(f64::NAN, mb)
+            range.iter().filter_map(|s| s.rss).max().map_or(f64::NAN, mb)
         };
         let second_minute = match last >= 120 {
             true => format!("peak {:.1} MB in minute 2, ", peak(60, 120)),
@@ -280,25 +267,14 @@ mod tests {
         let line: Vec<(f64, f64)> = (0..10).map(|x| (x as f64, 3.0 * x as f64 + 1.0)).collect();
         assert!((slope(&line) - 3.0).abs() < 1e-9);
         assert_eq!(slope(&[(1.0, 2.0)]), 0.0);
-        let second = |ok, non_2xx, rss| Second {
-            ok,
-            non_2xx,
-            failed: 0,
-            slowest_us: 2_000,
-            rss: Some(rss),
-        };
+        let second =
+            |ok, non_2xx, rss| Second { ok, non_2xx, failed: 0, slowest_us: 2_000, rss: Some(rss) };
         let mut seconds: Vec<Second> = (0..120).map(|_| second(100, 0, 40_000_000)).collect();
         seconds[90] = second(98, 2, 41_000_000);
         let mut minute = Latencies::new().unwrap();
         minute.record_us(1_000);
         let minutes = vec![minute.clone(), minute];
-        let run = Sustained {
-            max_rps: 125.0,
-            percent: 80,
-            target_rps: 100.0,
-            seconds,
-            minutes,
-        };
+        let run = Sustained { max_rps: 125.0, percent: 80, target_rps: 100.0, seconds, minutes };
         let report = run.markdown("scripts/bench --sustain 120");
         assert!(report.contains("| 2 | 100 | 2 | 0 |"), "{report}");
         assert!(report.contains("2 of 12000 requests"), "{report}");
