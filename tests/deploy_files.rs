@@ -162,7 +162,7 @@ fn files_cargo_needs() -> Vec<String> {
             .iter()
             .filter(|f| f.extension().is_some_and(|e| e == "rs"))
         {
-            let text = std::fs::read_to_string(&source).unwrap();
+            let text = std::fs::read_to_string(source).unwrap();
             for (opening, base) in [
                 ("include_str!(\"", source.parent().unwrap()),
                 ("include_bytes!(\"", source.parent().unwrap()),
