@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # What the whole test suite needs besides Rust, checked in seconds before
 # anything compiles, by `scripts/dev test`, `scripts/dev prereqs` and so
 # `.ci/run`. What is missing is installed when it can be (as root, with
