@@ -15,9 +15,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use chargeonce::config::Settings;
-use chargeonce_testkit::{Spawned, TestDatabase};
-
-const BIN: &str = env!("CARGO_BIN_EXE_chargeonce");
+use chargeonce_testkit::{Chargeonce, Spawned, TestDatabase};
 
 /// Where Chromium is: `CHROMIUM_PATH`, else Debian's package.
 fn chromium() -> PathBuf {
@@ -132,17 +130,15 @@ async fn migrated_database() -> TestDatabase {
 /// port of its choosing (announced in its log, as tests/api's
 /// `start_service` does).
 async fn start_service(database_url: &str) -> Spawned {
-    let mut command = Command::new(BIN);
-    command
-        .env_clear()
-        .env("DATABASE_URL", database_url)
-        .env("RUST_LOG", "warn,chargeonce::startup=info")
-        .env("CHARGEONCE__SERVER__PORT", "0")
-        .env("CHARGEONCE__DEMO__ENABLED", "true")
-        .env("CHARGEONCE__PROCESSOR__LATENCY_MS", PROCESSOR_LATENCY_MS)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .arg("serve");
-    Spawned::start(command, "/readyz").await
+    Chargeonce::new(env!("CARGO_BIN_EXE_chargeonce"), env!("CARGO_MANIFEST_DIR"))
+        .serve(
+            database_url,
+            &[
+                ("CHARGEONCE__DEMO__ENABLED", "true"),
+                ("CHARGEONCE__PROCESSOR__LATENCY_MS", PROCESSOR_LATENCY_MS),
+            ],
+        )
+        .await
 }
 
 /// The module's own rules (retries, backoff, storage, expiry) in Node, with

@@ -15,32 +15,16 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chargeonce_testkit::{Cluster, Proxy, ProxyMode, Spawned};
+use chargeonce_testkit::{Chargeonce, Cluster, Proxy, ProxyMode, Spawned};
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_chargeonce");
-
-/// Warnings, plus the lines that announce the ports.
-const ANNOUNCING_LOG: &str = "warn,chargeonce::startup=info,chargeonce::processor::simulator=info";
-
-/// The binary with a clean environment: only what the test sets.
-fn chargeonce(database_url: &str) -> Command {
-    let mut command = Command::new(BIN);
-    command
-        .env_clear()
-        .env("DATABASE_URL", database_url)
-        .env("RUST_LOG", "warn")
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    command
+/// The binary this test build made, run from the repository root.
+fn binary() -> Chargeonce {
+    Chargeonce::new(env!("CARGO_BIN_EXE_chargeonce"), env!("CARGO_MANIFEST_DIR"))
 }
 
 async fn start_psp_sim() -> Spawned {
-    let mut command = Command::new(BIN);
-    command
-        .env_clear()
-        .env("RUST_LOG", ANNOUNCING_LOG)
-        .args(["psp-sim", "--port", "0"]);
-    Spawned::start(command, "/healthz").await
+    binary().psp_sim(&[]).await
 }
 
 /// `chargeonce serve` against `database_url` with psp-sim as the processor,
@@ -51,34 +35,24 @@ async fn start_service(database_url: &str, psp: &Spawned) -> Spawned {
 }
 
 fn service_command(database_url: &str, psp: &Spawned) -> Command {
-    let mut command = chargeonce(database_url);
+    let mut command = binary().serve_command(database_url);
     command
-        .env("RUST_LOG", ANNOUNCING_LOG)
-        .env("CHARGEONCE__SERVER__PORT", "0")
         .env("CHARGEONCE__PROCESSOR__KIND", "http")
         .env("CHARGEONCE__PROCESSOR__URL", &psp.url)
         .env("CHARGEONCE__PROCESSOR__TIMEOUT_MS", "1000")
         .env("CHARGEONCE__PROCESSOR__RETRIES", "1")
         .env("CHARGEONCE__IDEMPOTENCY__LEASE_MS", "5000")
         .env("CHARGEONCE__RECOVERY__INTERVAL_MS", "200")
-        .env("CHARGEONCE__DEMO__ENABLED", "false")
-        .arg("serve");
+        .env("CHARGEONCE__DEMO__ENABLED", "false");
     command
 }
 
 /// A merchant made with the real CLI; its secret API key.
 async fn create_merchant(database_url: &str) -> String {
-    let mut command = chargeonce(database_url);
-    command.args(["merchant", "create", "Failover merchant"]);
-    let output = tokio::task::spawn_blocking(move || command.output().expect("run chargeonce"))
+    binary()
+        .run(database_url, &["merchant", "create", "Failover merchant"])
         .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap().trim().to_owned()
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// All psp-sim recorded: one entry per processor key.
@@ -739,9 +713,7 @@ async fn a_partitioned_primary_is_passed_over_for_the_promoted_standby() {
 
     // A second instance starts (and migrates) with the primary still
     // unreachable.
-    let mut command = service_command(&url, &psp);
-    command.env("CHARGEONCE__SERVER__PORT", "0");
-    let second = Spawned::start(command, "/readyz").await;
+    let second = start_service(&url, &psp).await;
     let created = charge_until_final(
         &http,
         &second.url,

@@ -14,14 +14,7 @@ use chargeonce::metrics;
 
 /// VmHWM, the most resident memory this process has had, in bytes.
 fn peak_rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|rest| rest.trim().strip_suffix("kB"))
-        .and_then(|number| number.trim().parse().ok())
-        .expect("VmHWM in /proc/self/status");
-    kib * 1024
+    chargeonce_testkit::memory_bytes("self", "VmHWM:").expect("VmHWM in /proc/self/status")
 }
 
 #[test]

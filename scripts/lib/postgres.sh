@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by scripts/dev and scripts/bench: finding PostgreSQL's server
 # programs and running them as the cluster's owner. Source it after defining
 # say and die.

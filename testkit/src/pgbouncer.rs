@@ -34,8 +34,12 @@ impl PgBouncer {
         let server = url::Url::parse(server_url).expect("a URL");
         let host = server.host_str().unwrap_or("127.0.0.1").to_owned();
         let server_port = server.port().unwrap_or(5432);
-        let binary = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
-            .into_iter()
+        // PGBOUNCER_PATH, else Debian's package (as scripts/lib/prereqs.sh looks).
+        let chosen = std::env::var("PGBOUNCER_PATH").ok();
+        let binary = chosen
+            .iter()
+            .map(String::as_str)
+            .chain(["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"])
             .find(|path| std::path::Path::new(path).exists())
             .unwrap_or_else(|| panic!("PgBouncer is not installed: apt-get install -y pgbouncer"));
         let dir = std::env::temp_dir().join(format!(

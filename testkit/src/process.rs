@@ -278,6 +278,22 @@ impl Drop for Spawned {
     }
 }
 
+/// A process's memory in bytes from `/proc/<pid>/status` (`pid` may be
+/// `self`): `field` `VmHWM:` for the most it has had resident, `VmRSS:` for
+/// now.
+pub fn memory_bytes(pid: &str, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix(field))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
 /// The status of `GET path` on `address`, or `None` if there is no answer.
 /// Hand-written over a TCP stream so the kit needs no HTTP client: it asks
 /// one question, with `Connection: close`, and reads the status line.
@@ -316,5 +332,12 @@ mod tests {
         );
         assert_eq!(announced_port("listening port=0"), None);
         assert_eq!(announced_port("something else port=80"), None);
+    }
+
+    #[test]
+    fn this_process_has_resident_memory() {
+        let now = memory_bytes("self", "VmRSS:").unwrap();
+        assert!(now > 0 && memory_bytes("self", "VmHWM:").unwrap() >= now);
+        assert_eq!(memory_bytes("self", "NoSuch:"), None);
     }
 }

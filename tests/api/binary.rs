@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use chargeonce_testkit::{server_address, Proxy, ProxyMode, Spawned};
 use sha2::{Digest, Sha256};
 
-use crate::processes::{chargeonce, run, start_service, Database, ANNOUNCING_LOG};
+use crate::processes::{binary, chargeonce, run, start_service, Database};
 
 #[tokio::test]
 async fn merchant_create_prints_only_the_secret_and_stores_only_its_digest() {
@@ -94,12 +94,8 @@ async fn serve_waits_for_a_database_that_is_not_up_yet() {
     let proxy = Proxy::start(server_address(&db.url)).await;
     proxy.set_mode(ProxyMode::Cut);
     // Direct in both passes: it migrates.
-    let mut command = chargeonce(&proxy.url_for(&db.url));
-    command
-        .env("RUST_LOG", ANNOUNCING_LOG)
-        .env("CHARGEONCE__SERVER__PORT", "0")
-        .env("CHARGEONCE__DATABASE__STARTUP_WAIT_MS", "20000")
-        .arg("serve");
+    let mut command = binary().serve_command(&proxy.url_for(&db.url));
+    command.env("CHARGEONCE__DATABASE__STARTUP_WAIT_MS", "20000");
     let starting = tokio::spawn(Spawned::start(command, "/readyz"));
 
     tokio::time::sleep(Duration::from_millis(1500)).await;

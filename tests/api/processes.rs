@@ -1,39 +1,32 @@
-//! Real processes: the `chargeonce` binary as a service and as psp-sim, each
-//! started with a clean environment and killed when dropped.
+//! Real processes: the `chargeonce` binary as a service and as psp-sim,
+//! started through the test kit's one helper (`chargeonce_testkit::Chargeonce`:
+//! a clean environment) and killed when dropped.
 
 use std::process::{Command, Output};
 
-use chargeonce_testkit::{admin_url, server_address, Spawned, TestDatabase};
+use chargeonce_testkit::{admin_url, server_address, Chargeonce, Spawned, TestDatabase};
 use serde_json::Value;
 
 use crate::helpers::{migrated_database, through_pgbouncer};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_chargeonce");
+/// The binary this test build made, run from the repository root.
+pub fn binary() -> Chargeonce {
+    Chargeonce::new(env!("CARGO_BIN_EXE_chargeonce"), env!("CARGO_MANIFEST_DIR"))
+}
 
 /// The binary with a clean environment: only what the test sets. It
 /// connects to `database_url` as given, in both passes: directly for the
 /// CLI tests that migrate (a migration holds a session lock, so never
 /// through PgBouncer); `chargeonce_in_pass` for the rest.
 pub fn chargeonce(database_url: &str) -> Command {
-    let mut command = Command::new(BIN);
-    command
-        .env_clear()
-        .env("DATABASE_URL", database_url)
-        .env("RUST_LOG", "warn")
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    command
+    binary().command(database_url)
 }
 
-pub async fn run(mut command: Command) -> Output {
-    tokio::task::spawn_blocking(move || command.output().expect("run chargeonce"))
+pub async fn run(command: Command) -> Output {
+    chargeonce_testkit::chargeonce::output(command)
         .await
-        .unwrap()
+        .expect("run chargeonce")
 }
-
-/// The log level of spawned services: warnings, plus the line that
-/// announces the port (`chargeonce listening` / `psp-sim listening`).
-pub const ANNOUNCING_LOG: &str =
-    "warn,chargeonce::startup=info,chargeonce::processor::simulator=info";
 
 /// A test database for the real binary, dropped with the value. `new` is
 /// empty (the binary migrates it, as in production); `migrated` has the
@@ -74,55 +67,57 @@ impl Database {
 /// A real process (service or psp-sim), killed when dropped.
 pub type Process = Spawned;
 
-/// The binary connected the way this pass connects services: as
-/// `chargeonce`, or in the PgBouncer pass (`TEST_PGBOUNCER`) as the
+/// The database URL and settings of the binary as this pass connects
+/// services: as given, or in the PgBouncer pass (`TEST_PGBOUNCER`) as the
 /// in-process services are (`helpers::test_settings`): through the run's
 /// PgBouncer, with unnamed statements, no startup options and no
 /// migrations (they hold a session lock), so the database must be migrated
 /// already. A `database_url` on the test server is sent through PgBouncer;
 /// any other address is a fault proxy, which must forward to
 /// `helpers::database_address()`.
-pub fn chargeonce_in_pass(database_url: &str) -> Command {
+fn in_pass(database_url: &str) -> (String, &'static [(&'static str, &'static str)]) {
     let Some(pgbouncer) = through_pgbouncer() else {
-        return chargeonce(database_url);
+        return (database_url.to_owned(), &[]);
     };
-    let mut command = if server_address(database_url) == server_address(&admin_url()) {
-        chargeonce(&pgbouncer.url_for(database_url))
+    let url = if server_address(database_url) == server_address(&admin_url()) {
+        pgbouncer.url_for(database_url)
     } else {
-        chargeonce(database_url)
+        database_url.to_owned()
     };
-    command
-        .env("CHARGEONCE__DATABASE__PREPARED_STATEMENTS", "false")
-        .env("CHARGEONCE__DATABASE__STATEMENT_TIMEOUT_MS", "0")
-        .env("CHARGEONCE__DATABASE__MIGRATE_ON_START", "false");
+    let settings = &[
+        ("CHARGEONCE__DATABASE__PREPARED_STATEMENTS", "false"),
+        ("CHARGEONCE__DATABASE__STATEMENT_TIMEOUT_MS", "0"),
+        ("CHARGEONCE__DATABASE__MIGRATE_ON_START", "false"),
+    ];
+    (url, settings)
+}
+
+/// The binary connected the way this pass connects services (`in_pass`).
+pub fn chargeonce_in_pass(database_url: &str) -> Command {
+    let (url, settings) = in_pass(database_url);
+    let mut command = chargeonce(&url);
+    command.envs(settings.iter().copied());
     command
 }
 
 /// `chargeonce serve` on a port of its choosing, ready when /readyz says so;
-/// through PgBouncer in the PgBouncer pass (`chargeonce_in_pass`).
+/// through PgBouncer in the PgBouncer pass (`in_pass`).
 pub async fn start_service(database_url: &str, env: &[(&str, String)]) -> Process {
-    let mut command = chargeonce_in_pass(database_url);
-    command
-        .env("CHARGEONCE__SERVER__PORT", "0")
-        .env("RUST_LOG", ANNOUNCING_LOG);
+    let (url, settings) = in_pass(database_url);
+    let mut command = binary().serve_command(&url);
+    command.envs(settings.iter().copied());
     // The PgBouncer pass sends every replay to the database, as
     // `helpers::direct_settings` has the in-process services do.
     if std::env::var_os("TEST_NO_REPLAY_CACHE").is_some() {
         command.env("CHARGEONCE__IDEMPOTENCY__REPLAY_CACHE_BYTES", "0");
     }
-    command.envs(env.iter().map(|(k, v)| (k, v))).arg("serve");
+    command.envs(env.iter().map(|(k, v)| (k, v)));
     Spawned::start(command, "/readyz").await
 }
 
 /// `chargeonce psp-sim` on a port of its choosing with the given options.
 pub async fn start_psp_sim(options: &[&str]) -> Process {
-    let mut command = Command::new(BIN);
-    command
-        .env_clear()
-        .env("RUST_LOG", ANNOUNCING_LOG)
-        .args(["psp-sim", "--port", "0"])
-        .args(options);
-    Spawned::start(command, "/healthz").await
+    binary().psp_sim(options).await
 }
 
 /// Every payment psp-sim recorded.

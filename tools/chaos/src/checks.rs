@@ -1,15 +1,13 @@
 //! The invariants, checked once faults stopped and everything settled,
-//! from three sources that do not depend on each other: the database (read
-//! directly, not through the service), psp-sim's ledger (what money
-//! moved), and the receiver (what webhooks arrived); plus what the clients
-//! were told.
+//! from three sources that do not depend on each other: the database and
+//! psp-sim's ledger (`snapshot`), and the receiver (what webhooks arrived);
+//! plus what the clients were told.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, HashSet};
 
-use anyhow::{Context as _, Result};
 use serde_json::Value;
-use tokio_postgres::Client as Db;
 
+use crate::snapshot::{ChargeRow, Ledger, RefundRow, Snapshot};
 use crate::workload::{Kind, Outcome, Record};
 
 /// One invariant's result: how many things it looked at, and every
@@ -22,193 +20,7 @@ pub struct Verdict {
 
 impl Verdict {
     fn new(name: &'static str) -> Self {
-        Self {
-            name,
-            checked: 0,
-            violations: Vec::new(),
-        }
-    }
-}
-
-#[derive(Clone)]
-pub struct ChargeRow {
-    pub id: String,
-    pub key: Option<String>,
-    pub status: String,
-    pub amount: i64,
-    pub amount_refunded: i64,
-    pub refunds_reserved: i64,
-    pub processor_payment_id: Option<String>,
-    pub processor_attempts: i32,
-}
-
-pub struct RefundRow {
-    pub id: String,
-    pub charge_id: String,
-    pub key: Option<String>,
-    pub status: String,
-    pub amount: i64,
-    pub processor_refund_id: Option<String>,
-    pub processor_attempts: i32,
-}
-
-pub struct EventRow {
-    pub id: String,
-    pub kind: String,
-    pub object: String,
-}
-
-/// Everything read from the database.
-pub struct Snapshot {
-    pub charges: Vec<ChargeRow>,
-    pub refunds: Vec<RefundRow>,
-    pub events: Vec<EventRow>,
-    /// Deliveries by status.
-    pub deliveries: BTreeMap<String, i64>,
-    /// Deliveries not `delivered`: (event id, status, last error).
-    pub undelivered: Vec<String>,
-}
-
-impl Snapshot {
-    pub async fn read(db: &Db) -> Result<Self> {
-        let charges = db
-            .query(
-                "SELECT 'ch_' || replace(id::text, '-', ''), client_idempotency_key, status, \
-                        amount, amount_refunded, refunds_reserved, processor_payment_id, \
-                        processor_attempts \
-                   FROM charges",
-                &[],
-            )
-            .await
-            .context("reading charges")?
-            .iter()
-            .map(|row| ChargeRow {
-                id: row.get(0),
-                key: row.get(1),
-                status: row.get(2),
-                amount: row.get(3),
-                amount_refunded: row.get(4),
-                refunds_reserved: row.get(5),
-                processor_payment_id: row.get(6),
-                processor_attempts: row.get(7),
-            })
-            .collect();
-        let refunds = db
-            .query(
-                "SELECT 're_' || replace(id::text, '-', ''), 'ch_' || replace(charge_id::text, '-', ''), \
-                        client_idempotency_key, status, amount, processor_refund_id, \
-                        processor_attempts \
-                   FROM refunds",
-                &[],
-            )
-            .await
-            .context("reading refunds")?
-            .iter()
-            .map(|row| RefundRow {
-                id: row.get(0),
-                charge_id: row.get(1),
-                key: row.get(2),
-                status: row.get(3),
-                amount: row.get(4),
-                processor_refund_id: row.get(5),
-                processor_attempts: row.get(6),
-            })
-            .collect();
-        let events = db
-            .query(
-                "SELECT 'evt_' || replace(id::text, '-', ''), type, \
-                        coalesce('ch_' || replace(charge_id::text, '-', ''), \
-                                 're_' || replace(refund_id::text, '-', '')) \
-                   FROM events",
-                &[],
-            )
-            .await
-            .context("reading events")?
-            .iter()
-            .map(|row| EventRow {
-                id: row.get(0),
-                kind: row.get(1),
-                object: row.get(2),
-            })
-            .collect();
-        let deliveries = db
-            .query(
-                "SELECT status, count(*) FROM webhook_deliveries GROUP BY status",
-                &[],
-            )
-            .await
-            .context("reading deliveries")?
-            .iter()
-            .map(|row| (row.get(0), row.get(1)))
-            .collect();
-        let undelivered = db
-            .query(
-                "SELECT 'evt_' || replace(event_id::text, '-', '') || ' ' || status || ' ' \
-                        || coalesce(last_error, '') \
-                   FROM webhook_deliveries WHERE status <> 'delivered'",
-                &[],
-            )
-            .await
-            .context("reading deliveries")?
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
-        Ok(Self {
-            charges,
-            refunds,
-            events,
-            deliveries,
-            undelivered,
-        })
-    }
-
-    pub fn pending(&self) -> usize {
-        self.charges
-            .iter()
-            .filter(|c| c.status == "pending")
-            .count()
-            + self
-                .refunds
-                .iter()
-                .filter(|r| r.status == "pending")
-                .count()
-    }
-}
-
-/// psp-sim's ledger: `GET /v1/payments` and `GET /v1/refunds`.
-pub struct Ledger {
-    pub payments: Vec<Value>,
-    pub refunds: Vec<Value>,
-}
-
-impl Ledger {
-    pub async fn read(psp_url: &str) -> Result<Self> {
-        let http = reqwest::Client::new();
-        let mut lists = Vec::new();
-        for what in ["payments", "refunds"] {
-            let list: Value = http
-                .get(format!("{psp_url}/v1/{what}"))
-                .send()
-                .await
-                .and_then(reqwest::Response::error_for_status)
-                .with_context(|| format!("reading psp-sim's {what}"))?
-                .json()
-                .await
-                .with_context(|| format!("reading psp-sim's {what}"))?;
-            lists.push(list["data"].as_array().cloned().unwrap_or_default());
-        }
-        let refunds = lists.pop().unwrap_or_default();
-        let payments = lists.pop().unwrap_or_default();
-        Ok(Self { payments, refunds })
-    }
-
-    /// Requests psp-sim received, faults included.
-    pub fn requests(&self) -> u64 {
-        self.payments
-            .iter()
-            .chain(&self.refunds)
-            .filter_map(|entry| entry["requests"].as_u64())
-            .sum()
+        Self { name, checked: 0, violations: Vec::new() }
     }
 }
 
@@ -283,10 +95,7 @@ fn one_row_per_operation(db: &Snapshot, told: &Told<'_>) -> Verdict {
             Kind::Refund => refunds.get(key.as_str()).map_or(0, Vec::len),
         };
         let refused = !record.outcomes.is_empty()
-            && record
-                .outcomes
-                .iter()
-                .all(|o| matches!(o, Outcome::Refused(_)));
+            && record.outcomes.iter().all(|o| matches!(o, Outcome::Refused(_)));
         let unfinished = record.outcomes.is_empty();
         let expected_ok = if refused {
             rows == 0
@@ -299,34 +108,18 @@ fn one_row_per_operation(db: &Snapshot, told: &Told<'_>) -> Verdict {
             verdict.violations.push(format!(
                 "{:?} key {key}: {rows} rows{}",
                 operation.kind,
-                if refused {
-                    " for a refused request"
-                } else {
-                    ""
-                }
+                if refused { " for a refused request" } else { "" }
             ));
         }
     }
     for charge in &db.charges {
-        if charge
-            .key
-            .as_ref()
-            .is_none_or(|key| !told.records.contains_key(key))
-        {
-            verdict
-                .violations
-                .push(format!("charge {} has a key no client sent", charge.id));
+        if charge.key.as_ref().is_none_or(|key| !told.records.contains_key(key)) {
+            verdict.violations.push(format!("charge {} has a key no client sent", charge.id));
         }
     }
     for refund in &db.refunds {
-        if refund
-            .key
-            .as_ref()
-            .is_none_or(|key| !told.records.contains_key(key))
-        {
-            verdict
-                .violations
-                .push(format!("refund {} has a key no client sent", refund.id));
+        if refund.key.as_ref().is_none_or(|key| !told.records.contains_key(key)) {
+            verdict.violations.push(format!("refund {} has a key no client sent", refund.id));
         }
     }
     verdict
@@ -367,12 +160,9 @@ fn one_payment_per_operation(db: &Snapshot, ledger: &Ledger) -> Verdict {
     for (what, rows, book) in sides {
         let mut by_key: HashMap<String, Vec<&Value>> = HashMap::new();
         for entry in book {
-            by_key
-                .entry(text(entry, "idempotency_key"))
-                .or_default()
-                .push(entry);
+            by_key.entry(text(entry, "idempotency_key")).or_default().push(entry);
         }
-        let mut known = std::collections::HashSet::new();
+        let mut known = HashSet::new();
         for (id, status, processor_id) in rows {
             verdict.checked += 1;
             let key = processor_key(id);
@@ -391,9 +181,9 @@ fn one_payment_per_operation(db: &Snapshot, ledger: &Ledger) -> Verdict {
                         "{what} {id}: succeeded with {processor_id:?}, the processor has {}",
                         text(entry, "id")
                     )),
-                    None => verdict.violations.push(format!(
-                        "{what} {id}: succeeded, the processor has no such {what}"
-                    )),
+                    None => verdict
+                        .violations
+                        .push(format!("{what} {id}: succeeded, the processor has no such {what}")),
                 },
                 "failed" => {
                     if let Some(entry) = moved {
@@ -425,26 +215,18 @@ fn all_final(db: &Snapshot, told: &Told<'_>, settled: bool) -> Verdict {
     let mut verdict = Verdict::new("every charge and refund final within the bound");
     verdict.checked = db.charges.len() + db.refunds.len();
     for charge in db.charges.iter().filter(|c| c.status == "pending") {
-        verdict
-            .violations
-            .push(format!("charge {} still pending", charge.id));
+        verdict.violations.push(format!("charge {} still pending", charge.id));
     }
     for refund in db.refunds.iter().filter(|r| r.status == "pending") {
-        verdict
-            .violations
-            .push(format!("refund {} still pending", refund.id));
+        verdict.violations.push(format!("refund {} still pending", refund.id));
     }
     for (key, record) in told.records {
         if record.outcomes.is_empty() && record.operation.is_some() {
-            verdict
-                .violations
-                .push(format!("key {key}: no final answer to the client"));
+            verdict.violations.push(format!("key {key}: no final answer to the client"));
         }
     }
     if !settled {
-        verdict
-            .violations
-            .push("not settled within the bound (see above)".to_owned());
+        verdict.violations.push("not settled within the bound (see above)".to_owned());
     }
     verdict
 }
@@ -509,19 +291,12 @@ fn one_event_per_change(db: &Snapshot) -> Verdict {
         .charges
         .iter()
         .map(|c| ("charge", &c.id, &c.status, c.processor_attempts))
-        .chain(
-            db.refunds
-                .iter()
-                .map(|r| ("refund", &r.id, &r.status, r.processor_attempts)),
-        );
+        .chain(db.refunds.iter().map(|r| ("refund", &r.id, &r.status, r.processor_attempts)));
     for (what, id, status, unknown_answers) in objects {
         verdict.checked += 1;
         for state in ["pending", "succeeded", "failed"] {
             let kind = format!("{what}.{state}");
-            let count = events
-                .get(&(id.as_str(), kind.as_str()))
-                .copied()
-                .unwrap_or(0);
+            let count = events.get(&(id.as_str(), kind.as_str())).copied().unwrap_or(0);
             // `pending` is a change once the first answer was unknown;
             // the final state is one once reached.
             let expected = match state {
@@ -543,19 +318,16 @@ fn events_received(db: &Snapshot, received: &Received<'_>) -> Verdict {
     for event in &db.events {
         verdict.checked += 1;
         if received.acknowledged.get(&event.id).copied().unwrap_or(0) == 0 {
-            verdict.violations.push(format!(
-                "event {} ({}) never acknowledged",
-                event.id, event.kind
-            ));
+            verdict
+                .violations
+                .push(format!("event {} ({}) never acknowledged", event.id, event.kind));
         }
     }
     for delivery in &db.undelivered {
         verdict.violations.push(format!("delivery {delivery}"));
     }
     for id in received.mismatched {
-        verdict
-            .violations
-            .push(format!("webhook-id {id}: the body is another event"));
+        verdict.violations.push(format!("webhook-id {id}: the body is another event"));
     }
     verdict
 }
@@ -564,11 +336,9 @@ fn documented_answers(told: &Told<'_>) -> Verdict {
     let mut verdict = Verdict::new("only documented statuses (no 500; 503 only while faults ran)");
     verdict.checked = told.records.len();
     verdict.violations.extend(told.bad_answers.iter().cloned());
-    verdict.violations.extend(
-        told.late_503
-            .iter()
-            .map(|at| format!("503 after faults stopped: {at}")),
-    );
+    verdict
+        .violations
+        .extend(told.late_503.iter().map(|at| format!("503 after faults stopped: {at}")));
     verdict
 }
 
@@ -578,11 +348,7 @@ fn same_key_same_answer(db: &Snapshot, told: &Told<'_>) -> Verdict {
         .charges
         .iter()
         .map(|c| (c.id.as_str(), c.status.as_str()))
-        .chain(
-            db.refunds
-                .iter()
-                .map(|r| (r.id.as_str(), r.status.as_str())),
-        )
+        .chain(db.refunds.iter().map(|r| (r.id.as_str(), r.status.as_str())))
         .collect();
     for (key, record) in told.records {
         let Some(first) = record.outcomes.first() else {
@@ -590,17 +356,14 @@ fn same_key_same_answer(db: &Snapshot, told: &Told<'_>) -> Verdict {
         };
         verdict.checked += 1;
         if record.outcomes.iter().any(|o| o != first) {
-            verdict.violations.push(format!(
-                "key {key}: different answers {:?}",
-                record.outcomes
-            ));
+            verdict.violations.push(format!("key {key}: different answers {:?}", record.outcomes));
         }
         if let Outcome::Final { id, status } = first {
             match status_of.get(id.as_str()) {
                 Some(recorded) if recorded == status => {}
-                recorded => verdict.violations.push(format!(
-                    "key {key}: told {id} {status}, the database has {recorded:?}"
-                )),
+                recorded => verdict
+                    .violations
+                    .push(format!("key {key}: told {id} {status}, the database has {recorded:?}")),
             }
         }
     }
@@ -609,7 +372,10 @@ fn same_key_same_answer(db: &Snapshot, told: &Told<'_>) -> Verdict {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::snapshot::EventRow;
     use crate::workload::Operation;
 
     const CHARGE: &str = "ch_0000000000000000000000000000000a";
@@ -617,12 +383,7 @@ mod tests {
 
     /// The database, the processor's ledger, the receiver's
     /// acknowledgements, the clients' records.
-    type World = (
-        Snapshot,
-        Ledger,
-        HashMap<String, u64>,
-        HashMap<String, Record>,
-    );
+    type World = (Snapshot, Ledger, HashMap<String, u64>, HashMap<String, Record>);
 
     /// One succeeded charge of 1000 with a succeeded refund of 400, its
     /// events, its payment and refund at the processor, all received.
@@ -672,26 +433,18 @@ mod tests {
                 "idempotency_key": "chargeonce-refund-0000000000000000000000000000000b",
             })],
         };
-        let acknowledged = ["evt_1", "evt_2", "evt_3"]
+        let acknowledged =
+            ["evt_1", "evt_2", "evt_3"].into_iter().map(|id| (id.to_owned(), 1)).collect();
+        let records = [("k-charge", Kind::Charge, CHARGE), ("k-refund", Kind::Refund, REFUND)]
             .into_iter()
-            .map(|id| (id.to_owned(), 1))
+            .map(|(key, kind, id)| {
+                let record = Record {
+                    operation: Some(Operation::for_test(kind, key)),
+                    outcomes: vec![Outcome::Final { id: id.to_owned(), status: "succeeded" }],
+                };
+                (key.to_owned(), record)
+            })
             .collect();
-        let records = [
-            ("k-charge", Kind::Charge, CHARGE),
-            ("k-refund", Kind::Refund, REFUND),
-        ]
-        .into_iter()
-        .map(|(key, kind, id)| {
-            let record = Record {
-                operation: Some(Operation::for_test(kind, key)),
-                outcomes: vec![Outcome::Final {
-                    id: id.to_owned(),
-                    status: "succeeded",
-                }],
-            };
-            (key.to_owned(), record)
-        })
-        .collect();
         (db, ledger, acknowledged, records)
     }
 
@@ -706,15 +459,8 @@ mod tests {
         check(
             db,
             ledger,
-            &Received {
-                acknowledged,
-                mismatched: &[],
-            },
-            &Told {
-                records,
-                bad_answers,
-                late_503: &[],
-            },
+            &Received { acknowledged, mismatched: &[] },
+            &Told { records, bad_answers, late_503: &[] },
             true,
         )
         .into_iter()
@@ -726,10 +472,7 @@ mod tests {
     #[test]
     fn a_consistent_world_passes() {
         let (db, ledger, acknowledged, records) = world();
-        assert_eq!(
-            violated(&db, &ledger, &acknowledged, &records, &[]),
-            Vec::<&str>::new()
-        );
+        assert_eq!(violated(&db, &ledger, &acknowledged, &records, &[]), Vec::<&str>::new());
     }
 
     #[test]

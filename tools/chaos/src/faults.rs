@@ -60,11 +60,7 @@ pub async fn network(instances: Instances, counts: Arc<Counts>, until: Instant) 
         instance.proxy.set_mode(mode);
         drop(instance);
         tokio::time::sleep(pause(500, 3000)).await;
-        instances[index]
-            .lock()
-            .await
-            .proxy
-            .set_mode(ProxyMode::Forward);
+        instances[index].lock().await.proxy.set_mode(ProxyMode::Forward);
     }
 }
 

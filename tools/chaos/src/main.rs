@@ -13,6 +13,7 @@
 mod checks;
 mod faults;
 mod receiver;
+mod snapshot;
 mod stack;
 mod workload;
 
@@ -25,11 +26,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
-use chargeonce_testkit::{Proxy, Server};
+use chargeonce_testkit::{Chargeonce, Proxy, Server};
 use clap::Parser;
 use tokio::sync::Mutex;
 
-use crate::checks::{Ledger, Received, Snapshot, Told};
+use crate::checks::{Received, Told};
+use crate::snapshot::{Ledger, Snapshot};
 use crate::stack::Instance;
 use crate::workload::{lock, Kind, Scenarios, Shared};
 
@@ -75,10 +77,7 @@ pub fn say(message: &str) {
 fn main() -> ExitCode {
     let args = Args::parse();
     START.get_or_init(Instant::now);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("chaos: cannot start the runtime: {error}");
@@ -112,29 +111,31 @@ fn main() -> ExitCode {
 /// The whole run; `Ok(false)` when an invariant was violated.
 async fn run(args: Args) -> Result<bool> {
     let seed = args.seed.unwrap_or_else(rand::random);
-    let binary = stack::service_binary(args.service.clone())?;
     let out = args
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/chaos"));
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let binary = match args.service.clone() {
+        Some(path) => Chargeonce::new(path, &out),
+        None => Chargeonce::beside_this_program(&out).map_err(anyhow::Error::msg)?,
+    };
     for entry in std::fs::read_dir(&out)?.filter_map(Result::ok) {
         if entry.path().extension().is_some_and(|ext| ext == "log") {
             std::fs::remove_file(entry.path())?;
         }
     }
-    say(&format!(
-        "seed {seed}; service {}; logs in {}",
-        binary.display(),
-        out.display()
-    ));
+    say(&format!("seed {seed}; service {}; logs in {}", binary.path().display(), out.display()));
 
     say("starting a private PostgreSQL server");
     let mut server = Server::start().await;
     server.node().create_database("chargeonce").await;
     let direct_url = server.node().url("chargeonce");
-    stack::cli(&binary, &direct_url, &["migrate"], &out).await?;
-    let secret = stack::cli(&binary, &direct_url, &["merchant", "create", "Chaos"], &out).await?;
+    binary.run(&direct_url, &["migrate"]).await.map_err(anyhow::Error::msg)?;
+    let secret = binary
+        .run(&direct_url, &["merchant", "create", "Chaos"])
+        .await
+        .map_err(anyhow::Error::msg)?;
 
     let psp = stack::start_psp_sim(&binary, &out, seed).await?;
     let receiver = receiver::Receiver::start(seed).await?;
@@ -142,12 +143,8 @@ async fn run(args: Args) -> Result<bool> {
     let mut instances = Vec::new();
     for index in 0..INSTANCES {
         let listen = "127.0.0.1:0".parse().context("an address")?;
-        let proxy = Proxy::start_on(
-            listen,
-            server.node().address(),
-            seed.wrapping_add(index as u64),
-        )
-        .await;
+        let proxy =
+            Proxy::start_on(listen, server.node().address(), seed.wrapping_add(index as u64)).await;
         let mut instance = Instance::new(index, proxy, &direct_url, &psp.url, &binary, &out)?;
         instance.start(3).await?;
         say(&format!("instance {index} on {}", instance.url()));
@@ -162,10 +159,7 @@ async fn run(args: Args) -> Result<bool> {
     let counts = Arc::new(faults::Counts::default());
     let started = Instant::now();
     let until = started + Duration::from_secs(args.seconds);
-    say(&format!(
-        "{} s of faults with {} customers",
-        args.seconds, args.clients
-    ));
+    say(&format!("{} s of faults with {} customers", args.seconds, args.clients));
     let network = tokio::spawn(faults::network(instances.clone(), counts.clone(), until));
     let crashes = tokio::spawn(faults::crashes(instances.clone(), counts.clone(), until));
     let mut customers = tokio::task::JoinSet::new();
@@ -185,14 +179,9 @@ async fn run(args: Args) -> Result<bool> {
     for instance in instances.iter() {
         let instance = instance.lock().await;
         if instance.process.is_none() {
-            bail!(
-                "instance {} is not running after the faults",
-                instance.index
-            );
+            bail!("instance {} is not running after the faults", instance.index);
         }
-        instance
-            .proxy
-            .set_mode(chargeonce_testkit::ProxyMode::Forward);
+        instance.proxy.set_mode(chargeonce_testkit::ProxyMode::Forward);
     }
     receiver.stop_failing();
     let calm = Instant::now();
@@ -202,9 +191,7 @@ async fn run(args: Args) -> Result<bool> {
 
     let bound = Duration::from_secs(args.settle_secs);
     let unfinished = shared.unfinished().len();
-    say(&format!(
-        "resuming {unfinished} operations without a final answer, with their keys"
-    ));
+    say(&format!("resuming {unfinished} operations without a final answer, with their keys"));
     shared.resume_unfinished(calm + bound).await;
 
     let (db, _connection) = connect(&direct_url).await?;
@@ -219,121 +206,99 @@ async fn run(args: Args) -> Result<bool> {
         checks::check(
             &snapshot,
             &ledger,
-            &Received {
-                acknowledged: &tally.acknowledged,
-                mismatched: &tally.mismatched,
-            },
-            &Told {
-                records: &records,
-                bad_answers: &bad_answers,
-                late_503: &late_503,
-            },
+            &Received { acknowledged: &tally.acknowledged, mismatched: &tally.mismatched },
+            &Told { records: &records, bad_answers: &bad_answers, late_503: &late_503 },
             settled,
         )
     });
 
     // The summary.
-    let mut report = String::new();
-    let charges_ops = records
-        .values()
-        .filter_map(|r| r.operation.as_ref())
-        .filter(|o| o.kind == Kind::Charge)
-        .count();
-    let burst_ops = records
-        .values()
-        .filter_map(|r| r.operation.as_ref())
-        .filter(|o| o.burst)
-        .count();
-    let refund_ops = records.len() - charges_ops;
-    let statuses = lock(&shared.statuses).clone();
-    let (arrived, acknowledged) = receiver.with_tally(|tally| {
+    let operations = records.values().filter_map(|r| r.operation.as_ref());
+    let charges_ops = operations.clone().filter(|o| o.kind == Kind::Charge).count();
+    let burst_ops = operations.filter(|o| o.burst).count();
+    let (arrived, acknowledged) = receiver
+        .with_tally(|tally| (tally.arrived.values().sum::<u64>(), tally.acknowledged.len()));
+    let n = |count: &std::sync::atomic::AtomicUsize| count.load(Ordering::Relaxed);
+    let rows = [
         (
-            tally.arrived.values().sum::<u64>(),
-            tally.acknowledged.len(),
-        )
-    });
-    let row = |report: &mut String, name: &str, value: String| {
-        let _ = writeln!(report, "| {name:<24} | {value} |");
-    };
-    let _ = writeln!(
-        report,
-        "\n## chaos run: {} s of faults, {} customers, seed {seed}\n",
+            "operations",
+            format!(
+                "{} logical: {charges_ops} charges ({burst_ops} sent as bursts to all {INSTANCES} \
+             instances at once), {} refunds ({} refund races); {} attempts",
+                records.len(),
+                records.len() - charges_ops,
+                n(&scenarios.refund_races),
+                n(&shared.attempts)
+            ),
+        ),
+        ("answers by status", describe(&lock(&shared.statuses))),
+        (
+            "database faults",
+            format!(
+                "{} cuts, {} stalls (partitions) of an instance's connections; 1 PostgreSQL \
+             immediate restart (down {pg_down:.1?})",
+                n(&counts.cuts),
+                n(&counts.stalls)
+            ),
+        ),
+        (
+            "instance crashes",
+            format!(
+                "{} SIGKILLs, {} restarts ({} failed starts retried)",
+                n(&counts.kills),
+                n(&counts.restarts),
+                n(&counts.failed_starts)
+            ),
+        ),
+        (
+            "processor faults",
+            format!(
+                "psp-sim: {:.0} % errors, {:.0} % lost responses, {:.0} % timeouts ({} ms); {} \
+             requests for {} payments and {} refunds",
+                stack::PSP_ERROR_RATE * 100.0,
+                stack::PSP_LOST_RESPONSE_RATE * 100.0,
+                stack::PSP_TIMEOUT_RATE * 100.0,
+                stack::PSP_HANG_MS,
+                ledger.requests(),
+                ledger.payments.len(),
+                ledger.refunds.len()
+            ),
+        ),
+        (
+            "webhook faults",
+            format!(
+                "receiver: {} answered 500, {} dropped, of {arrived} deliveries; {acknowledged} \
+             events acknowledged",
+                receiver.answered_500(),
+                receiver.dropped()
+            ),
+        ),
+        (
+            "database at the end",
+            format!(
+                "charges {}; refunds {}; {} events; deliveries {:?}",
+                by_status(snapshot.charges.iter().map(|c| c.status.as_str())),
+                by_status(snapshot.refunds.iter().map(|r| r.status.as_str())),
+                snapshot.events.len(),
+                snapshot.deliveries
+            ),
+        ),
+        (
+            "settled",
+            format!(
+                "{} {settle_time:.1?} after the faults stopped (bound {} s)",
+                if settled { "in" } else { "NOT within" },
+                args.settle_secs
+            ),
+        ),
+    ];
+    let mut report = format!(
+        "\n## chaos run: {} s of faults, {} customers, seed {seed}\n\n| what | |\n|---|---|\n",
         args.seconds, args.clients
     );
-    let _ = writeln!(report, "| what | |\n|---|---|");
-    row(
-        &mut report,
-        "operations",
-        format!(
-            "{} logical: {charges_ops} charges ({burst_ops} sent as bursts to all {INSTANCES} instances at once), {refund_ops} refunds ({} refund races); {} attempts",
-            records.len(),
-            scenarios.refund_races.load(Ordering::Relaxed),
-            shared.attempts.load(Ordering::Relaxed)
-        ),
-    );
-    row(&mut report, "answers by status", describe(&statuses));
-    row(
-        &mut report,
-        "database faults",
-        format!(
-            "{} cuts, {} stalls (partitions) of an instance's connections; 1 PostgreSQL immediate restart (down {pg_down:.1?})",
-            counts.cuts.load(Ordering::Relaxed),
-            counts.stalls.load(Ordering::Relaxed),
-        ),
-    );
-    row(
-        &mut report,
-        "instance crashes",
-        format!(
-            "{} SIGKILLs, {} restarts ({} failed starts retried)",
-            counts.kills.load(Ordering::Relaxed),
-            counts.restarts.load(Ordering::Relaxed),
-            counts.failed_starts.load(Ordering::Relaxed),
-        ),
-    );
-    row(
-        &mut report,
-        "processor faults",
-        format!(
-            "psp-sim: {:.0} % errors, {:.0} % lost responses, {:.0} % timeouts ({} ms); {} requests for {} payments and {} refunds",
-            stack::PSP_ERROR_RATE * 100.0,
-            stack::PSP_LOST_RESPONSE_RATE * 100.0,
-            stack::PSP_TIMEOUT_RATE * 100.0,
-            stack::PSP_HANG_MS,
-            ledger.requests(),
-            ledger.payments.len(),
-            ledger.refunds.len()
-        ),
-    );
-    row(
-        &mut report,
-        "webhook faults",
-        format!(
-            "receiver: {} answered 500, {} dropped, of {arrived} deliveries; {acknowledged} events acknowledged",
-            receiver.answered_500(),
-            receiver.dropped()
-        ),
-    );
-    row(
-        &mut report,
-        "database at the end",
-        format!(
-            "charges {}; refunds {}; {} events; deliveries {:?}",
-            by_status(snapshot.charges.iter().map(|c| c.status.as_str())),
-            by_status(snapshot.refunds.iter().map(|r| r.status.as_str())),
-            snapshot.events.len(),
-            snapshot.deliveries
-        ),
-    );
-    row(
-        &mut report,
-        "settled",
-        format!(
-            "{} {settle_time:.1?} after the faults stopped (bound {} s)",
-            if settled { "in" } else { "NOT within" },
-            args.settle_secs
-        ),
-    );
+    for (name, value) in rows {
+        let _ = writeln!(report, "| {name:<24} | {value} |");
+    }
     let _ = writeln!(report, "\n| invariant | checked | result |\n|---|---|---|");
     let mut ok = true;
     for verdict in &verdicts {
@@ -343,11 +308,7 @@ async fn run(args: Args) -> Result<bool> {
             ok = false;
             format!("VIOLATED ({})", verdict.violations.len())
         };
-        let _ = writeln!(
-            report,
-            "| {} | {} | {result} |",
-            verdict.name, verdict.checked
-        );
+        let _ = writeln!(report, "| {} | {} | {result} |", verdict.name, verdict.checked);
     }
     let mut offenders = String::new();
     for verdict in verdicts.iter().filter(|v| !v.violations.is_empty()) {
@@ -363,11 +324,7 @@ async fn run(args: Args) -> Result<bool> {
     std::fs::write(out.join("report.md"), format!("{report}{offenders}"))?;
     say(&format!(
         "{}; report in {}",
-        if ok {
-            "every invariant holds"
-        } else {
-            "INVARIANTS VIOLATED"
-        },
+        if ok { "every invariant holds" } else { "INVARIANTS VIOLATED" },
         out.join("report.md").display()
     ));
     drop(server);
@@ -388,11 +345,7 @@ fn by_status<'a>(statuses: impl Iterator<Item = &'a str>) -> String {
     for status in statuses {
         *counts.entry(status).or_default() += 1;
     }
-    counts
-        .iter()
-        .map(|(status, count)| format!("{count} {status}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    counts.iter().map(|(status, count)| format!("{count} {status}")).collect::<Vec<_>>().join(", ")
 }
 
 async fn connect(url: &str) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>)> {
@@ -416,11 +369,7 @@ async fn settle(
     loop {
         let snapshot = Snapshot::read(db).await?;
         let unreceived = receiver.with_tally(|tally| {
-            snapshot
-                .events
-                .iter()
-                .filter(|e| !tally.acknowledged.contains_key(&e.id))
-                .count()
+            snapshot.events.iter().filter(|e| !tally.acknowledged.contains_key(&e.id)).count()
         });
         let settled = snapshot.pending() == 0 && snapshot.undelivered.is_empty() && unreceived == 0;
         if settled || calm.elapsed() > bound {

@@ -61,9 +61,8 @@ enum Verdict {
 
 impl Receiver {
     pub async fn start(seed: u64) -> Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .context("binding the webhook receiver")?;
+        let listener =
+            TcpListener::bind("127.0.0.1:0").await.context("binding the webhook receiver")?;
         let port = listener.local_addr()?.port();
         let state = Arc::new(State {
             failing: AtomicBool::new(true),
@@ -91,11 +90,7 @@ impl Receiver {
                 });
             }
         });
-        Ok(Self {
-            url: format!("http://127.0.0.1:{port}/hooks"),
-            state,
-            accept,
-        })
+        Ok(Self { url: format!("http://127.0.0.1:{port}/hooks"), state, accept })
     }
 
     /// From now on, every delivery is accepted.

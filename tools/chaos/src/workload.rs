@@ -140,18 +140,12 @@ impl Shared {
     }
 
     fn register(&self, operation: &Operation) {
-        lock(&self.records)
-            .entry(operation.key.as_str().to_owned())
-            .or_default()
-            .operation = Some(operation.clone());
+        lock(&self.records).entry(operation.key.as_str().to_owned()).or_default().operation =
+            Some(operation.clone());
     }
 
     fn finish(&self, key: &IdempotencyKey, outcome: Outcome) {
-        lock(&self.records)
-            .entry(key.as_str().to_owned())
-            .or_default()
-            .outcomes
-            .push(outcome);
+        lock(&self.records).entry(key.as_str().to_owned()).or_default().outcomes.push(outcome);
     }
 
     /// One attempt of `operation` on instance `instance`.
@@ -163,18 +157,12 @@ impl Shared {
                 .charge_operation_with_key(&operation.charge, operation.key.clone())
                 .send()
                 .await
-                .map(|charge| Outcome::Final {
-                    id: charge.id,
-                    status: "succeeded",
-                }),
+                .map(|charge| Outcome::Final { id: charge.id, status: "succeeded" }),
             Some((charge_id, refund)) => client
                 .refund_operation_with_key(charge_id, refund, operation.key.clone())
                 .send()
                 .await
-                .map(|refund| Outcome::Final {
-                    id: refund.id,
-                    status: "succeeded",
-                }),
+                .map(|refund| Outcome::Final { id: refund.id, status: "succeeded" }),
         };
         let error = match result {
             Ok(outcome) => {
@@ -187,14 +175,12 @@ impl Shared {
         self.count(&status.map_or_else(|| "no answer".to_owned(), |s| s.to_string()));
         let key = operation.key.as_str();
         match (&error, status) {
-            (Error::Declined { charge, .. }, _) => Step::Final(Outcome::Final {
-                id: charge.id.clone(),
-                status: "failed",
-            }),
-            (Error::RefundDeclined { refund, .. }, _) => Step::Final(Outcome::Final {
-                id: refund.id.clone(),
-                status: "failed",
-            }),
+            (Error::Declined { charge, .. }, _) => {
+                Step::Final(Outcome::Final { id: charge.id.clone(), status: "failed" })
+            }
+            (Error::RefundDeclined { refund, .. }, _) => {
+                Step::Final(Outcome::Final { id: refund.id.clone(), status: "failed" })
+            }
             (Error::RefundExceedsCharge { .. }, _) => {
                 Step::Final(Outcome::Refused("refund_exceeds_charge".to_owned()))
             }
@@ -207,9 +193,8 @@ impl Shared {
                 Step::Retry
             }
             (_, Some(other)) => {
-                lock(&self.bad_answers).push(format!(
-                    "{other} for key {key} on instance {instance}: {error}"
-                ));
+                lock(&self.bad_answers)
+                    .push(format!("{other} for key {key} on instance {instance}: {error}"));
                 // A 500 may be passing; the key is resumed like any other.
                 Step::Retry
             }
@@ -344,14 +329,8 @@ async fn refund_race(shared: &Arc<Shared>, amount: i64, until: Instant) {
     }
     let charge_id = {
         let records = lock(&shared.records);
-        match records
-            .get(operation.key.as_str())
-            .and_then(|r| r.outcomes.first())
-        {
-            Some(Outcome::Final {
-                id,
-                status: "succeeded",
-            }) => id.clone(),
+        match records.get(operation.key.as_str()).and_then(|r| r.outcomes.first()) {
+            Some(Outcome::Final { id, status: "succeeded" }) => id.clone(),
             _ => return,
         }
     };
@@ -361,10 +340,7 @@ async fn refund_race(shared: &Arc<Shared>, amount: i64, until: Instant) {
             kind: Kind::Refund,
             key: IdempotencyKey::new(),
             charge: operation.charge.clone(),
-            refund: Some((
-                charge_id.clone(),
-                NewRefund::new().amount(amount * 45 / 100),
-            )),
+            refund: Some((charge_id.clone(), NewRefund::new().amount(amount * 45 / 100))),
             burst: false,
         };
         shared.register(&refund);

@@ -7,12 +7,11 @@
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{ensure, Context as _, Result};
 use chargeonce_testkit::{redact, TestDatabase};
 use tokio_postgres::{Client, NoTls};
 
-use crate::say;
-use crate::script;
+use crate::{say, script};
 
 pub async fn connect(url: &str) -> Result<Client> {
     let (client, connection) = tokio_postgres::connect(url, NoTls)
@@ -33,6 +32,14 @@ pub struct BenchDatabase {
     pub admin: Client,
 }
 
+/// Where the numbers were taken.
+pub struct Machine {
+    pub cores: usize,
+    pub cpu: String,
+    pub postgres: String,
+    pub settings: String,
+}
+
 impl BenchDatabase {
     pub async fn create(admin_url: &str) -> Result<Self> {
         let admin = connect(admin_url).await?;
@@ -49,12 +56,7 @@ impl BenchDatabase {
                 "pg_stat_statements is not usable on this server; it must be in \
                  shared_preload_libraries (scripts/bench's own cluster has it)",
             )?;
-        Ok(Self {
-            url: database.url.clone(),
-            database,
-            client,
-            admin,
-        })
+        Ok(Self { url: database.url.clone(), database, client, admin })
     }
 
     /// Drops the database (its connections are ended first).
@@ -66,52 +68,26 @@ impl BenchDatabase {
 
     /// The floor's table, with `pool_size` rows for its lookups.
     pub async fn create_floor(&self, pool_size: usize) -> Result<()> {
-        self.client
-            .batch_execute(script::FLOOR_TABLE)
-            .await
-            .context("creating the floor's table")?;
-        self.client
-            .batch_execute(&script::floor_rows(pool_size))
-            .await
-            .context("filling the floor's table")?;
-        Ok(())
+        let sql = format!("{}{}", script::FLOOR_TABLE, script::floor_rows(pool_size));
+        self.client.batch_execute(&sql).await.context("creating the floor's table")
     }
 
     pub async fn machine(&self) -> Result<Machine> {
         let mut settings = Vec::new();
-        for name in [
-            "fsync",
-            "synchronous_commit",
-            "shared_buffers",
-            "max_connections",
-        ] {
-            let row = self
-                .client
-                .query_one(&format!("SHOW {name}"), &[])
-                .await
-                .with_context(|| format!("SHOW {name}"))?;
+        for name in
+            ["server_version", "fsync", "synchronous_commit", "shared_buffers", "max_connections"]
+        {
+            let row = self.client.query_one(&format!("SHOW {name}"), &[]).await.context("SHOW")?;
             settings.push(format!("{name}={}", row.get::<_, String>(0)));
         }
-        let version = self
-            .client
-            .query_one("SHOW server_version", &[])
-            .await
-            .context("SHOW server_version")?;
+        let postgres = settings.remove(0).replace("server_version=", "");
         Ok(Machine {
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            cpu: crate::proc::cpu_model(),
-            postgres: version.get(0),
+            cpu: crate::cpu::cpu_model(),
+            postgres,
             settings: settings.join(", "),
         })
     }
-}
-
-/// Where the numbers were taken.
-pub struct Machine {
-    pub cores: usize,
-    pub cpu: String,
-    pub postgres: String,
-    pub settings: String,
 }
 
 /// Longest wait for the service's outbox to empty before a run.
@@ -119,16 +95,12 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(180);
 
 /// Before each measured run: the service's webhook dispatcher has fanned out
 /// every event written so far, then a CHECKPOINT, so that no run pays for
-/// the previous one's leftovers. Without the first, the events of one run
-/// (the own-SQL pgbench writes the service's events too, and the service
-/// fans them out) could be fanned out during the next, and the floor's
-/// pgbench would share the machine with the dispatcher. (In full runs the
-/// wait has been at most 0.2 s: the dispatcher keeps up.) The CHECKPOINT
-/// needs superuser (or pg_checkpoint); without it the runs go on unaligned,
-/// with one warning.
+/// the previous one's leftovers (the own-SQL pgbench writes the service's
+/// events too, and the service fans them out; the floor's pgbench would
+/// share the machine with the dispatcher). The CHECKPOINT needs superuser
+/// (or pg_checkpoint); without it the runs go on unaligned, with one warning.
 pub struct Checkpointer<'a> {
-    admin: &'a Client,
-    bench: &'a Client,
+    database: &'a BenchDatabase,
     warned: Cell<bool>,
     /// The longest wait for the outbox so far.
     pub longest_settle: Cell<Duration>,
@@ -136,50 +108,36 @@ pub struct Checkpointer<'a> {
 
 impl<'a> Checkpointer<'a> {
     pub fn new(database: &'a BenchDatabase) -> Self {
-        Self {
-            admin: &database.admin,
-            bench: &database.client,
-            warned: Cell::new(false),
-            longest_settle: Cell::new(Duration::ZERO),
-        }
+        Self { database, warned: Cell::new(false), longest_settle: Cell::new(Duration::ZERO) }
     }
 
     /// Waits for the outbox to empty, then checkpoints.
     pub async fn run(&self) -> Result<()> {
         let started = Instant::now();
-        loop {
-            let waiting: bool = self
-                .bench
-                .query_one("SELECT EXISTS (SELECT 1 FROM event_queue)", &[])
-                .await
-                .context("looking at the service's outbox (event_queue)")?
-                .get(0);
-            if !waiting {
-                break;
-            }
-            if started.elapsed() > SETTLE_LIMIT {
-                bail!(
-                    "the service's webhook dispatcher did not empty its outbox within {} s",
-                    SETTLE_LIMIT.as_secs()
-                );
-            }
+        let waiting = "SELECT EXISTS (SELECT 1 FROM event_queue)";
+        while self
+            .database
+            .client
+            .query_one(waiting, &[])
+            .await
+            .context("the outbox (event_queue)")?
+            .get(0)
+        {
+            ensure!(
+                started.elapsed() < SETTLE_LIMIT,
+                "the service's webhook dispatcher did not empty its outbox within {} s",
+                SETTLE_LIMIT.as_secs()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let waited = started.elapsed();
-        if waited > self.longest_settle.get() {
-            self.longest_settle.set(waited);
-        }
-        self.checkpoint().await;
-        Ok(())
-    }
-
-    async fn checkpoint(&self) {
-        if let Err(error) = self.admin.batch_execute("CHECKPOINT").await {
+        self.longest_settle.set(self.longest_settle.get().max(started.elapsed()));
+        if let Err(error) = self.database.admin.batch_execute("CHECKPOINT").await {
             if !self.warned.replace(true) {
                 say(format!(
                     "warning: CHECKPOINT failed ({error}); runs are not aligned on checkpoints"
                 ));
             }
         }
+        Ok(())
     }
 }

@@ -24,56 +24,33 @@ pub struct Row {
     pub sample: Sample,
     pub own: Option<PgbenchRun>,
     pub floor: Option<PgbenchRun>,
-    /// Service ÷ floor in each interleaved round, in order: how far the
-    /// ratio swings from one round to the next on this machine.
+    /// Service ÷ floor in each interleaved round: how far the ratio swings
+    /// from one round to the next on this machine.
     pub floor_ratio_by_round: Vec<f64>,
 }
 
 /// The service's throughput over a pgbench run's, if the run made any.
-pub fn ratio(sample: &Sample, yardstick: &PgbenchRun) -> Option<f64> {
-    (yardstick.tps > 0.0).then(|| sample.rps() / yardstick.tps)
-}
-
-impl Row {
-    fn ratio(&self, yardstick: Option<&PgbenchRun>) -> Option<f64> {
-        yardstick.and_then(|run| ratio(&self.sample, run))
-    }
-
-    pub fn ratio_own(&self) -> Option<f64> {
-        self.ratio(self.own.as_ref())
-    }
-
-    pub fn ratio_floor(&self) -> Option<f64> {
-        self.ratio(self.floor.as_ref())
-    }
-
-    /// The lowest and the highest service ÷ floor of the point's rounds,
-    /// when it had more than one.
-    pub fn floor_ratio_spread(&self) -> Option<(f64, f64)> {
-        let rounds = &self.floor_ratio_by_round;
-        lowest_and_highest(rounds).filter(|_| rounds.len() > 1)
-    }
-
-    /// Service ÷ floor, and the spread of its rounds if there were several.
-    fn floor_ratio_text(&self) -> String {
-        ratio_with_spread(self.ratio_floor(), self.floor_ratio_spread())
-    }
+pub fn ratio(sample: &Sample, yardstick: Option<&PgbenchRun>) -> Option<f64> {
+    yardstick.filter(|run| run.tps > 0.0).map(|run| sample.rps() / run.tps)
 }
 
 /// The lowest and the highest of `values`; None if there are none.
 pub fn lowest_and_highest(values: &[f64]) -> Option<(f64, f64)> {
     let (&first, rest) = values.split_first()?;
-    Some(rest.iter().fold((first, first), |(low, high), &value| {
-        (low.min(value), high.max(value))
-    }))
+    Some(rest.iter().fold((first, first), |(low, high), &v| (low.min(v), high.max(v))))
 }
 
-/// `0.97 (rounds 0.88–1.10)`: a ratio over all rounds, then its lowest and
-/// highest round; a ratio alone when there was one round.
-fn ratio_with_spread(ratio: Option<f64>, spread: Option<(f64, f64)>) -> String {
-    match (ratio, spread) {
-        (Some(ratio), Some((low, high))) => format!("{ratio:.2} (rounds {low:.2}–{high:.2})"),
-        (ratio, _) => number(ratio, 2),
+impl Row {
+    /// `0.97 (rounds 0.88–1.10)`: service ÷ floor over all rounds, then its
+    /// lowest and highest round when there were several.
+    fn floor_ratio_text(&self) -> String {
+        let spread = lowest_and_highest(&self.floor_ratio_by_round);
+        match (ratio(&self.sample, self.floor.as_ref()), spread) {
+            (Some(r), Some((low, high))) if self.floor_ratio_by_round.len() > 1 => {
+                format!("{r:.2} (rounds {low:.2}–{high:.2})")
+            }
+            (r, _) => number(r, 2),
+        }
     }
 }
 
@@ -84,29 +61,21 @@ pub struct Report {
     pub peak_rss: u64,
     pub capture: Capture,
     pub ready: Vec<Duration>,
-    /// The longest wait, before a run, for the service's webhook dispatcher
-    /// to fan out what the previous runs left (`database::Checkpointer`).
+    /// The longest wait, before a run, for the webhook dispatcher to fan out
+    /// what the previous runs left (`database::Checkpointer`).
     pub longest_settle: Duration,
     /// The pgbench commands, own SQL then floor.
     pub commands: Vec<String>,
 }
 
-/// One target and whether it was met (None: not measured in this run).
+/// One target and whether it was met (None: not measured in this run);
+/// for a target on a number, the number and its bound, which `runs`
+/// averages over several runs.
 pub struct Target {
     pub name: String,
     pub measured: String,
     pub met: Option<bool>,
-    /// For a target on a number (a ratio, a p99, megabytes): the number and
-    /// its bound, which `runs` averages over several runs. None for a target
-    /// that something never happens, and when not measured.
-    pub number: Option<Bounded>,
-}
-
-/// A measured number and the bound a target sets it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Bounded {
-    pub value: f64,
-    pub bound: Bound,
+    pub number: Option<(f64, Bound)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -125,14 +94,9 @@ impl Bound {
 }
 
 impl Target {
-    /// A target on a number: met if the number keeps the bound.
     fn on_number(name: String, measured: String, value: Option<f64>, bound: Bound) -> Self {
-        Target {
-            name,
-            measured,
-            met: value.map(|value| bound.keeps(value)),
-            number: value.map(|value| Bounded { value, bound }),
-        }
+        let met = value.map(|value| bound.keeps(value));
+        Target { name, measured, met, number: value.map(|value| (value, bound)) }
     }
 }
 
@@ -143,74 +107,49 @@ const REPLAY_MIN_OF_FLOOR: f64 = 1.0;
 const P99_NEW_MAX_MS: f64 = 15.0;
 const PEAK_RSS_MAX_MB: f64 = 64.0;
 
-fn ms(duration: Duration) -> f64 {
-    duration.as_secs_f64() * 1000.0
-}
-
-fn mb(bytes: u64) -> f64 {
-    bytes as f64 / (1024.0 * 1024.0)
-}
-
 fn number(value: Option<f64>, decimals: usize) -> String {
     value.map_or_else(|| "—".to_owned(), |v| format!("{v:.decimals$}"))
 }
 
 impl Report {
     fn row(&self, scenario: &str, connections: usize) -> Option<&Row> {
-        self.rows
-            .iter()
-            .find(|row| row.scenario == scenario && row.connections == connections)
+        self.rows.iter().find(|row| row.scenario == scenario && row.connections == connections)
     }
 
     pub fn targets(&self) -> Vec<Target> {
         let mut targets = Vec::new();
-        let mut floor_target = |scenario: &str, connections: usize, min: f64| {
+        for (scenario, connections, min) in [
+            ("new", 32, NEW_MIN_OF_FLOOR),
+            ("new", 64, NEW_MIN_OF_FLOOR),
+            ("replay", 1, REPLAY_MIN_OF_FLOOR),
+            ("replay", 32, REPLAY_MIN_OF_FLOOR),
+            ("replay", 64, REPLAY_MIN_OF_FLOOR),
+        ] {
             let row = self.row(scenario, connections);
-            let ratio = row.and_then(Row::ratio_floor);
-            let measured = match (row, ratio) {
-                (Some(row), Some(_)) => row.floor_ratio_text(),
-                _ => "not measured".to_owned(),
-            };
-            targets.push(Target::on_number(
-                format!("{scenario} ≥ {min:.1} × floor at {connections}"),
-                measured,
-                ratio,
-                Bound::AtLeast(min),
-            ));
-        };
-        floor_target("new", 32, NEW_MIN_OF_FLOOR);
-        floor_target("new", 64, NEW_MIN_OF_FLOOR);
-        for connections in [1, 32, 64] {
-            floor_target("replay", connections, REPLAY_MIN_OF_FLOOR);
+            let ratio = row.and_then(|row| ratio(&row.sample, row.floor.as_ref()));
+            let measured = row.filter(|_| ratio.is_some()).map(Row::floor_ratio_text);
+            let name = format!("{scenario} ≥ {min:.1} × floor at {connections}");
+            let measured = measured.unwrap_or_else(|| "not measured".to_owned());
+            targets.push(Target::on_number(name, measured, ratio, Bound::AtLeast(min)));
         }
 
-        let new_32 = self.row("new", TARGET_CONNECTIONS);
-        let p99 = new_32.map(|row| row.sample.tally.percentile_ms(0.99));
         // The floor's own p99 at the same count says what this machine can
         // do at all.
-        let floor_p99 = new_32
-            .and_then(|row| row.floor.as_ref())
-            .map_or(String::new(), |run| {
-                format!(" (floor: {:.2} ms)", run.p99_ms)
-            });
-        targets.push(Target::on_number(
-            format!("p99 of new at {TARGET_CONNECTIONS} ≤ {P99_NEW_MAX_MS:.0} ms"),
-            p99.map_or("not measured".to_owned(), |p| {
-                format!("{p:.2} ms{floor_p99}")
-            }),
-            p99,
-            Bound::AtMost(P99_NEW_MAX_MS),
-        ));
+        let new_32 = self.row("new", TARGET_CONNECTIONS);
+        let p99 = new_32.map(|row| row.sample.tally.percentile_ms(0.99));
+        let floor_p99 = new_32.and_then(|row| row.floor.as_ref()).map(|run| run.p99_ms);
+        let measured = p99.map_or("not measured".to_owned(), |p| match floor_p99 {
+            Some(floor) => format!("{p:.2} ms (floor: {floor:.2} ms)"),
+            None => format!("{p:.2} ms"),
+        });
+        let name = format!("p99 of new at {TARGET_CONNECTIONS} ≤ {P99_NEW_MAX_MS:.0} ms");
+        targets.push(Target::on_number(name, measured, p99, Bound::AtMost(P99_NEW_MAX_MS)));
 
-        let at_32: Vec<&Row> = self
-            .rows
-            .iter()
-            .filter(|row| row.connections == TARGET_CONNECTIONS)
-            .collect();
         // The floor's own count at the same scenario tells a stall of the
         // machine (every client of the floor waits too) from one of ours.
-        let slow: Vec<String> = at_32
-            .iter()
+        let at_32: Vec<&Row> =
+            self.rows.iter().filter(|r| r.connections == TARGET_CONNECTIONS).collect();
+        let slow: Vec<String> = (at_32.iter())
             .map(|row| {
                 let floor = row
                     .floor
@@ -224,25 +163,17 @@ impl Report {
                 "no request over {} ms in any scenario at {TARGET_CONNECTIONS}",
                 SLOW.as_millis()
             ),
-            measured: if slow.is_empty() {
-                "not measured".to_owned()
-            } else {
-                slow.join(", ")
-            },
+            measured: if slow.is_empty() { "not measured".to_owned() } else { slow.join(", ") },
             met: (!at_32.is_empty()).then(|| at_32.iter().all(|row| row.sample.tally.slow() == 0)),
             number: None,
         });
-
         let failures: u64 = self.rows.iter().map(|row| row.sample.tally.non_2xx()).sum();
-        targets.push(Target {
-            name: "zero non-2xx answers".to_owned(),
-            measured: failures.to_string(),
-            met: Some(failures == 0),
-            number: None,
-        });
+        let (name, measured) = ("zero non-2xx answers".to_owned(), failures.to_string());
+        targets.push(Target { name, measured, met: Some(failures == 0), number: None });
         let rss = mb(self.peak_rss);
+        let name = format!("peak RSS ≤ {PEAK_RSS_MAX_MB:.0} MB");
         targets.push(Target::on_number(
-            format!("peak RSS ≤ {PEAK_RSS_MAX_MB:.0} MB"),
+            name,
             format!("{rss:.1} MB"),
             Some(rss),
             Bound::AtMost(PEAK_RSS_MAX_MB),
@@ -253,68 +184,51 @@ impl Report {
     pub fn markdown(&self, plan: &Plan) -> String {
         let mut md = String::new();
         let when = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC");
-        let mode = if plan.quick {
-            "quick run (smoke test: numbers are indicative only)"
-        } else {
-            "full run"
+        let mode = match plan.quick {
+            true => "quick run (smoke test: numbers are indicative only)",
+            false => "full run",
         };
-        let _ = writeln!(md, "## chargeonce load benchmark: {mode}, {when}\n");
         let m = &self.machine;
+        let rounds = match plan.rounds {
+            1 => String::new(),
+            rounds => format!(
+                " The three take turns in {rounds} rounds of {:.0} s each (the warm-ups before \
+                 the first), and each side's rounds are added up: the machine's speed swings \
+                 within minutes, and taking turns gives each side the good and the bad seconds \
+                 alike. In brackets after service ÷ floor: its lowest and highest round, how far \
+                 one round can fall from the whole.",
+                plan.measure.as_secs_f64() / rounds as f64
+            ),
+        };
         let _ = writeln!(
             md,
-            "Machine: {} cores (nproc), {}; PostgreSQL {} ({}). Service: release build, \
+            "## chargeonce load benchmark: {mode}, {when}\n\n\
+             Machine: {} cores (nproc), {}; PostgreSQL {} ({}). Service: release build, \
              default configuration, simulated processor with 0 ms latency. Load generator: \
              one thread, one keep-alive HTTP/1.1 connection per client. Each point: \
              {:.1} s warm-up, then {:.0} s measured; then pgbench with the service's own SQL, \
-             then pgbench with the floor, likewise, at the same client count.{}\n",
+             then pgbench with the floor, likewise, at the same client count.{rounds}\n",
             m.cores,
             m.cpu,
             m.postgres,
             m.settings,
             plan.warmup.as_secs_f64(),
             plan.measure.as_secs_f64(),
-            match plan.rounds {
-                1 => String::new(),
-                rounds => format!(
-                    " The three take turns in {rounds} rounds of {:.0} s each (the warm-ups \
-                     before the first), and each side's rounds are added up: the machine's \
-                     speed swings within minutes, and taking turns gives each side the good and \
-                     the bad seconds alike. In brackets after service ÷ floor: its lowest and \
-                     highest round, how far one round can fall from the whole.",
-                    plan.measure.as_secs_f64() / rounds as f64
-                ),
-            }
         );
-
-        self.main_table(&mut md);
-        self.pgbench_table(&mut md);
-        self.cpu_table(&mut md);
-        let _ = writeln!(
-            md,
-            "\nBurst: {} measured rounds; rounds in which not exactly one request created the \
-             charge: {}.\n",
-            self.bursts.rounds, self.bursts.not_created_once
-        );
-        self.measures_table(&mut md);
-        self.statements_table(&mut md);
+        self.tables(&mut md);
         md.push_str("\npgbench:\n\n");
         for command in &self.commands {
             let _ = writeln!(md, "- `{command}`");
         }
-
         md.push_str("\nTargets:\n\n| target | measured | result |\n|---|---|---|\n");
         for target in self.targets() {
-            let result = match target.met {
-                Some(true) => "PASS",
-                Some(false) => "MISS",
-                None => "—",
-            };
+            let result = target.met.map_or("—", |met| if met { "PASS" } else { "MISS" });
             let _ = writeln!(md, "| {} | {} | {result} |", target.name, target.measured);
         }
         md
     }
 
-    fn main_table(&self, md: &mut String) {
+    fn tables(&self, md: &mut String) {
         let _ = writeln!(
             md,
             "| scenario | connections | requests/s | p50 ms | p99 ms | p99.9 ms | max ms \
@@ -324,7 +238,7 @@ impl Report {
             SLOW.as_millis()
         );
         for row in &self.rows {
-            let tally = &row.sample.tally;
+            let (tally, own, floor) = (&row.sample.tally, row.own.as_ref(), row.floor.as_ref());
             let _ = writeln!(
                 md,
                 "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |",
@@ -337,15 +251,13 @@ impl Report {
                 tally.latencies.max_ms(),
                 tally.slow(),
                 tally.non_2xx_text(),
-                number(row.own.as_ref().map(|run| run.tps), 0),
-                number(row.floor.as_ref().map(|run| run.tps), 0),
-                number(row.ratio_own(), 2),
+                number(own.map(|run| run.tps), 0),
+                number(floor.map(|run| run.tps), 0),
+                number(ratio(&row.sample, own), 2),
                 row.floor_ratio_text(),
             );
         }
-    }
 
-    fn pgbench_table(&self, md: &mut String) {
         md.push_str(
             "\npgbench latencies per script run (a charge or a replay), from its summary \
              (mean) and its per-transaction log (the rest). The floor's slowest \
@@ -355,8 +267,7 @@ impl Report {
              |---|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for row in self.rows.iter().filter(|row| row.own.is_some()) {
-            let own = row.own.as_ref();
-            let floor = row.floor.as_ref();
+            let (own, floor) = (row.own.as_ref(), row.floor.as_ref());
             let _ = writeln!(
                 md,
                 "| {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -370,9 +281,7 @@ impl Report {
                 floor.map_or("—".to_owned(), |run| run.slow.to_string()),
             );
         }
-    }
 
-    fn cpu_table(&self, md: &mut String) {
         md.push_str(
             "\nWhere the CPU went, in % of all cores' time during the measured seconds \
              (from /proc; \"rest\" is PostgreSQL, the kernel and anything else):\n\n\
@@ -395,104 +304,71 @@ impl Report {
                 number(row.floor.as_ref().map(|run| run.cpu_busy), 0),
             );
         }
-    }
 
-    fn measures_table(&self, md: &mut String) {
-        md.push_str("| measure | value |\n|---|---|\n");
         let _ = writeln!(
             md,
-            "| peak RSS of the service (VmHWM, after all scenarios) | {:.1} MB |",
+            "\nBurst: {} measured rounds; rounds in which not exactly one request created the \
+             charge: {}.\n\n| measure | value |\n|---|---|\n\
+             | peak RSS of the service (VmHWM, after all scenarios) | {:.1} MB |",
+            self.bursts.rounds,
+            self.bursts.not_created_once,
             mb(self.peak_rss)
         );
-        for (flow, captured) in [
-            ("new charge", &self.capture.new),
-            ("replay", &self.capture.replay),
-        ] {
+        for (flow, captured) in
+            [("new charge", &self.capture.new), ("replay", &self.capture.replay)]
+        {
+            let (requests, trips) = (captured.requests, captured.round_trips());
             let _ = writeln!(
                 md,
-                "| round trips per {flow} ({} sequential requests) | {:.2} |",
-                captured.requests,
-                captured.round_trips()
+                "| round trips per {flow} ({requests} sequential requests) | {trips:.2} |"
             );
         }
-        let median = self
-            .ready
-            .get(self.ready.len() / 2)
-            .copied()
-            .unwrap_or_default();
-        let slowest = self.ready.iter().max().copied().unwrap_or_default();
+        let ms = |d: Option<&Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1000.0);
         let _ = writeln!(
             md,
-            "| start-to-ready ({} starts, spawn to GET /readyz 200) | median {:.0} ms, max {:.0} ms |",
+            "| start-to-ready ({} starts, spawn to GET /readyz 200) | median {:.0} ms, max {:.0} ms |\n\
+             | longest wait before a run for the webhook dispatcher to fan out the events of the runs before | {:.1} s |",
             self.ready.len(),
-            ms(median),
-            ms(slowest)
-        );
-        let _ = writeln!(
-            md,
-            "| longest wait before a run for the webhook dispatcher to fan out the events of the runs before | {:.1} s |",
+            ms(self.ready.get(self.ready.len() / 2)),
+            ms(self.ready.iter().max()),
             self.longest_settle.as_secs_f64()
         );
-    }
 
-    fn statements_table(&self, md: &mut String) {
         md.push_str(
             "\nStatements per request (pg_stat_statements), by the constant of chargeonce::db \
              they are:\n\n| flow | calls | per request | statement |\n|---|---:|---:|---|\n",
         );
         for (flow, captured) in [("new", &self.capture.new), ("replay", &self.capture.replay)] {
             for seen in &captured.statements {
-                let _ = writeln!(
-                    md,
-                    "| {flow} | {} | {:.3} | {} |",
-                    seen.calls,
-                    captured.per_request(seen),
-                    seen.constant.unwrap_or("unknown"),
-                );
+                let constant = seen.constant.unwrap_or("unknown");
+                let per_request = captured.per_request(seen);
+                let _ = writeln!(md, "| {flow} | {} | {per_request:.3} | {constant} |", seen.calls);
             }
         }
     }
+}
+
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn row_of_rounds(ratios: &[f64]) -> Row {
-        Row {
+    #[test]
+    fn the_spread_is_the_lowest_and_the_highest_round_when_there_are_several() {
+        assert_eq!(lowest_and_highest(&[1.04, 0.88, 1.10, 0.97]), Some((0.88, 1.10)));
+        assert_eq!(lowest_and_highest(&[]), None);
+        let row = |ratios: &[f64]| Row {
             scenario: "replay".to_owned(),
             connections: 1,
-            sample: Sample {
-                tally: crate::stats::Tally::new().unwrap(),
-                seconds: 0.0,
-                cpu: None,
-            },
+            sample: Sample { tally: crate::stats::Tally::new().unwrap(), seconds: 0.0, cpu: None },
             own: None,
             floor: None,
             floor_ratio_by_round: ratios.to_vec(),
-        }
-    }
-
-    #[test]
-    fn the_spread_is_the_lowest_and_the_highest_round() {
-        let row = row_of_rounds(&[1.04, 0.88, 1.10, 0.97]);
-        assert_eq!(row.floor_ratio_spread(), Some((0.88, 1.10)));
-        assert_eq!(
-            ratio_with_spread(Some(0.9749), row.floor_ratio_spread()),
-            "0.97 (rounds 0.88–1.10)"
-        );
-    }
-
-    #[test]
-    fn one_round_has_no_spread() {
-        for ratios in [&[][..], &[0.95][..]] {
-            let row = row_of_rounds(ratios);
-            assert_eq!(row.floor_ratio_spread(), None);
-            assert_eq!(
-                ratio_with_spread(Some(0.95), row.floor_ratio_spread()),
-                "0.95"
-            );
-        }
-        assert_eq!(ratio_with_spread(None, Some((0.9, 1.0))), "—");
+        };
+        // No floor run: no ratio, whatever the rounds.
+        assert_eq!(row(&[0.9, 1.0]).floor_ratio_text(), "—");
     }
 }

@@ -19,11 +19,13 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
+use std::sync::LazyLock;
 
 use anyhow::{bail, ensure, Context as _, Result};
 use chargeonce::db::charges::{INSERT_OR_FIND_MANY, STATEMENTS};
 use chargeonce::db::Statement;
 use chargeonce::domain::Status;
+use regex::Regex;
 use tokio_postgres::types::Kind;
 use tokio_postgres::Client;
 
@@ -47,158 +49,109 @@ const PAYMENT_ID_SQL: &str = "'sim_' || left(md5(random()::text), 24)";
 /// pgbench's largest random() bound.
 const RANDOM_MAX: &str = "9223372036854775806";
 
-/// A pgbench value for one parameter of a statement.
+/// A pgbench value for one parameter of a statement: what stands for it
+/// (`:variable`, or SQL the server evaluates on each run), and the `\set`
+/// line it needs first, if any (variable, pgbench expression).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Value {
-    /// `\set` lines the value needs before the statement: (variable,
-    /// pgbench expression).
-    draws: Vec<(String, String)>,
-    /// What stands for the parameter: `:variable`, or SQL the server
-    /// evaluates on each run.
+    draw: Option<(String, String)>,
     sql: String,
 }
 
 impl Value {
     /// A pgbench variable: given with `-D`, or set by an earlier `\gset`.
     pub fn var(name: &str) -> Self {
-        Self {
-            draws: Vec::new(),
-            sql: format!(":{name}"),
-        }
+        Self { draw: None, sql: format!(":{name}") }
     }
 
     /// SQL the server evaluates on each run; it may use `:variables`.
     pub fn sql(sql: &str) -> Self {
-        Self {
-            draws: Vec::new(),
-            sql: sql.to_owned(),
-        }
+        Self { draw: None, sql: sql.to_owned() }
     }
 
     /// A number pgbench draws on each run (`\set name expression`), used in
     /// `sql`.
     pub fn drawn(name: &str, expression: &str, sql: &str) -> Self {
-        Self {
-            draws: vec![(name.to_owned(), expression.to_owned())],
-            sql: sql.to_owned(),
-        }
+        Self { draw: Some((name.to_owned(), expression.to_owned())), sql: sql.to_owned() }
     }
 
     /// The parameter's text in the statement, cast to its declared type.
     fn render(&self, type_name: &str) -> String {
-        let bare_variable = self
-            .sql
-            .strip_prefix(':')
-            .is_some_and(|name| name.chars().all(|c| c.is_alphanumeric() || c == '_'));
-        if bare_variable {
-            format!("{}::{type_name}", self.sql)
-        } else {
-            format!("({})::{type_name}", self.sql)
+        let name = self.sql.strip_prefix(':');
+        match name.is_some_and(|n| n.chars().all(|c| c.is_alphanumeric() || c == '_')) {
+            true => format!("{}::{type_name}", self.sql),
+            false => format!("({})::{type_name}", self.sql),
         }
     }
 }
 
 /// `statement` as pgbench script lines: the `\set`s its values need, then
-/// its SQL on one line with each `$n` replaced by `values[n - 1]` (cast to
-/// the parameter's declared type), ended by `\gset <prefix>` when `gset`
-/// is given (its one row's columns become `:<prefix><column>`, and no row
-/// or several fail the script), else by `;` (the result is not needed).
+/// its SQL on one line with each `$n` (outside literals and quoted names)
+/// replaced by `values[n - 1]` cast to the parameter's declared type, ended
+/// by `\gset <prefix>` when `gset` is given (its one row's columns become
+/// `:<prefix><column>`, and no row or several fail the script), else by `;`.
+/// A comment would swallow the rest of the line, so it is an error.
 pub fn statement_lines(
     statement: &Statement,
     values: &[Value],
     gset: Option<&str>,
 ) -> Result<String> {
+    static TOKEN: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r#"'(?:[^']|'')*'|"[^"]*"|\$(\d+)|--|/\*|\s+"#)
+            .unwrap_or_else(|e| unreachable!("{e}"))
+    });
+    let params = statement.params;
     ensure!(
-        values.len() == statement.params.len(),
-        "{} values for a statement with {} parameters",
+        values.len() == params.len(),
+        "{} values for {} parameters",
         values.len(),
-        statement.params.len()
+        params.len()
     );
     let mut lines = String::new();
     let mut drawn = BTreeSet::new();
-    for (name, expression) in values.iter().flat_map(|value| &value.draws) {
+    for (name, expression) in values.iter().filter_map(|value| value.draw.as_ref()) {
         if drawn.insert(name) {
             let _ = writeln!(lines, "\\set {name} {expression}");
         }
     }
-    let mut used = vec![false; values.len()];
-    let sql = substitute(statement.sql, |n| {
-        let index = n.checked_sub(1).filter(|&i| i < values.len());
-        let index = index.with_context(|| format!("${n} has no value"))?;
+    let (mut used, mut problem) = (vec![false; values.len()], None);
+    let sql = TOKEN.replace_all(statement.sql.trim(), |found: &regex::Captures| {
+        let token = &found[0];
+        let Some(n) = found.get(1) else {
+            return match token.chars().next() {
+                Some('\'' | '"') => token.to_owned(),
+                Some(c) if c.is_whitespace() => " ".to_owned(),
+                _ => {
+                    problem = Some(format!("the SQL has a comment: {}", statement.sql));
+                    String::new()
+                }
+            };
+        };
+        let index = n.as_str().parse::<usize>().ok().and_then(|n| n.checked_sub(1));
+        let Some(index) = index.filter(|&i| i < values.len()) else {
+            problem = Some(format!("{token} has no value"));
+            return String::new();
+        };
         used[index] = true;
-        let declared = &statement.params[index];
-        // An array parameter of a batched statement: a batch of one, as
-        // the service sends when requests come one at a time.
-        Ok(match declared.kind() {
+        // An array parameter of a batched statement: a batch of one, as the
+        // service sends when requests come one at a time.
+        match params[index].kind() {
             Kind::Array(element) => format!("ARRAY[{}]", values[index].render(element.name())),
-            _ => values[index].render(declared.name()),
-        })
-    })?;
+            _ => values[index].render(params[index].name()),
+        }
+    });
+    if let Some(problem) = problem {
+        bail!(problem);
+    }
     if let Some(unused) = used.iter().position(|used| !used) {
         bail!("the statement never uses ${}", unused + 1);
     }
     lines.push_str(&sql);
     match gset {
-        Some(prefix) => {
-            let _ = writeln!(lines, " \\gset {prefix}");
-        }
+        Some(prefix) => writeln!(lines, " \\gset {prefix}")?,
         None => lines.push_str(";\n"),
     }
     Ok(lines)
-}
-
-/// The SQL on one line, each `$n` outside string literals and quoted
-/// identifiers replaced by `value(n)`. Whitespace outside literals is
-/// collapsed; a comment would swallow the rest of the line, so it is an
-/// error.
-fn substitute(sql: &str, mut value: impl FnMut(usize) -> Result<String>) -> Result<String> {
-    let chars: Vec<char> = sql.trim().chars().collect();
-    let mut out = String::with_capacity(sql.len());
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        match c {
-            '\'' | '"' => {
-                // Copied whole, up to the matching quote (a doubled quote
-                // inside is part of it).
-                let start = i;
-                i += 1;
-                while i < chars.len() {
-                    if chars[i] == c && chars.get(i + 1) == Some(&c) {
-                        i += 2;
-                    } else if chars[i] == c {
-                        i += 1;
-                        break;
-                    } else {
-                        i += 1;
-                    }
-                }
-                out.extend(&chars[start..i]);
-            }
-            '$' if chars.get(i + 1).is_some_and(char::is_ascii_digit) => {
-                let start = i + 1;
-                i = start;
-                while chars.get(i).is_some_and(char::is_ascii_digit) {
-                    i += 1;
-                }
-                let digits: String = chars[start..i].iter().collect();
-                out.push_str(&value(digits.parse().context("a parameter number")?)?);
-            }
-            '-' if chars.get(i + 1) == Some(&'-') => bail!("the SQL has a comment: {sql}"),
-            '/' if chars.get(i + 1) == Some(&'*') => bail!("the SQL has a comment: {sql}"),
-            c if c.is_whitespace() => {
-                if !out.ends_with(' ') {
-                    out.push(' ');
-                }
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    Ok(out)
 }
 
 /// A comment line naming a statement of a script.
@@ -226,11 +179,7 @@ fn insert_or_find_values(key: Value) -> Vec<Value> {
 /// A new charge with the service's own SQL: a fresh key per run, the
 /// pending charge inserted, then its outcome (and outbox event) recorded.
 pub fn own_sql_new() -> Result<String> {
-    let key = Value::drawn(
-        "k",
-        &format!("random(1, {RANDOM_MAX})"),
-        "'pgb-' || :run || '-' || :k",
-    );
+    let key = Value::drawn("k", &format!("random(1, {RANDOM_MAX})"), "'pgb-' || :run || '-' || :k");
     let mut text = String::new();
     heading(&mut text, 1, 2, NEW_CHARGE_STATEMENTS[0]);
     text.push_str(&statement_lines(
@@ -296,11 +245,7 @@ impl ServiceValues {
             )
             .await
             .context("reading the merchant, fingerprint and event payload of a charge")?;
-        Ok(Self {
-            merchant_id: row.get(0),
-            fingerprint: row.get(1),
-            payload: row.get(2),
-        })
+        Ok(Self { merchant_id: row.get(0), fingerprint: row.get(1), payload: row.get(2) })
     }
 
     /// The `-D` variables of the own-SQL scripts, but `run` (which names
@@ -372,94 +317,48 @@ mod tests {
 
     use super::*;
 
-    const UPDATE: Statement = Statement {
-        sql: "UPDATE t SET a = $2,\n    b = 'x $9 y' WHERE id = $1 AND n < $3::bigint",
-        params: &[Type::UUID, Type::TEXT, Type::INT8],
-    };
-
     #[test]
     fn parameters_become_typed_pgbench_values_on_one_line() {
-        let lines = statement_lines(
-            &UPDATE,
-            &[
-                Value::var("claim_id"),
-                Value::sql("NULL"),
-                Value::drawn("n", "random(1, 10)", ":n * 2"),
-            ],
-            None,
-        )
-        .unwrap();
+        let update = Statement {
+            sql: "UPDATE t SET a = $2,\n    b = 'x $9 y' WHERE id = $1 AND n < $3 AND m = $3",
+            params: &[Type::UUID, Type::TEXT, Type::INT8],
+        };
+        let drawn = Value::drawn("n", "random(1, 10)", ":n * 2");
+        let values = [Value::var("claim_id"), Value::sql("NULL"), drawn];
         assert_eq!(
-            lines,
+            statement_lines(&update, &values, Some("row_")).unwrap(),
             "\\set n random(1, 10)\n\
              UPDATE t SET a = (NULL)::text, b = 'x $9 y' WHERE id = :claim_id::uuid \
-             AND n < (:n * 2)::int8::bigint;\n"
+             AND n < (:n * 2)::int8 AND m = (:n * 2)::int8 \\gset row_\n"
         );
+        let error = |sql, values: &[Value]| {
+            let statement = Statement { sql, params: &[Type::TEXT, Type::TEXT] };
+            statement_lines(&statement, values, None).unwrap_err().to_string()
+        };
+        let (a, b) = (Value::var("a"), Value::var("b"));
+        assert!(error("SELECT $1, $2", std::slice::from_ref(&a)).contains("1 values for 2"));
+        assert!(error("SELECT $1", &[a.clone(), b.clone()]).contains("never uses $2"));
+        assert!(error("SELECT $1, $3", &[a.clone(), b.clone()]).contains("$3 has no value"));
+        assert!(error("SELECT $1, $2 -- why", &[a, b]).contains("comment"));
     }
 
     #[test]
-    fn gset_ends_a_statement_and_draws_are_set_once() {
-        let key = Value::drawn("k", "random(1, 5)", "'key-' || :k");
-        let statement = Statement {
-            sql: "SELECT id FROM t WHERE a = $1 OR b = $2",
-            params: &[Type::TEXT, Type::TEXT],
-        };
-        let lines = statement_lines(&statement, &[key.clone(), key], Some("row_")).unwrap();
-        assert_eq!(
-            lines,
-            "\\set k random(1, 5)\n\
-             SELECT id FROM t WHERE a = ('key-' || :k)::text OR b = ('key-' || :k)::text \\gset row_\n"
-        );
-    }
-
-    #[test]
-    fn every_parameter_needs_exactly_one_value() {
-        let too_few = statement_lines(&UPDATE, &[Value::var("a")], None);
-        assert!(too_few.unwrap_err().to_string().contains("3 parameters"));
-
-        let unused = Statement {
-            sql: "SELECT $1",
-            params: &[Type::TEXT, Type::TEXT],
-        };
-        let values = [Value::var("a"), Value::var("b")];
-        let error = statement_lines(&unused, &values, None).unwrap_err();
-        assert!(error.to_string().contains("never uses $2"), "{error}");
-
-        let beyond = Statement {
-            sql: "SELECT $1, $2",
-            params: &[Type::TEXT],
-        };
-        let error = statement_lines(&beyond, &[Value::var("a")], None).unwrap_err();
-        assert!(error.to_string().contains("$2 has no value"), "{error}");
-
-        let comment = Statement {
-            sql: "SELECT $1 -- why",
-            params: &[Type::TEXT],
-        };
-        assert!(statement_lines(&comment, &[Value::var("a")], None).is_err());
-    }
-
-    #[test]
-    fn the_services_statements_translate() {
+    fn the_services_statements_translate_and_the_floor_is_fixed() {
         let new = own_sql_new().unwrap();
         assert!(new.contains("\\set k random(1, 9223372036854775806)\n"));
         assert!(new.contains("('pgb-' || :run || '-' || :k)::text"));
-        assert!(new.contains(" \\gset claim_\n"));
+        assert!(new.contains(" \\gset claim_\n") && new.contains(" \\gset outcome_\n"));
         assert!(new.contains("FROM unnest(ARRAY["), "a batch of one: {new}");
         assert!(
             new.contains("WHERE merchant_id = :claim_merchant_id::uuid AND id = :claim_id::uuid")
         );
-        assert!(new.contains(" \\gset outcome_\n"));
         assert!(!new.contains('$'), "{new}");
-
         let replay = own_sql_replay(20_000).unwrap();
-        assert!(replay.contains("\\set i random(0, 19999)\n"));
-        assert!(replay.contains("('pool-' || :i)::text"));
-        assert!(!replay.contains("RECORD") && !replay.contains("UPDATE charges"));
-    }
-
-    #[test]
-    fn the_floor_is_the_fixed_yardstick() {
+        assert!(
+            replay.contains("\\set i random(0, 19999)\n")
+                && replay.contains("('pool-' || :i)::text")
+        );
+        assert!(!replay.contains("UPDATE charges"));
         assert!(FLOOR_NEW.contains("RETURNING id \\gset\nUPDATE bench_charges"));
         assert!(floor_replay(2_000).starts_with("\\set i random(0, 1999)\n"));
         assert!(floor_rows(2_000).contains("generate_series(0, 1999)"));

@@ -8,26 +8,22 @@
 //! length. The load is open: each client has a fixed schedule (client `c`
 //! of `n` sends its `k`-th request at `(k + c / n) · n / rate`), so a slow
 //! answer does not slow the offered load down; a client that falls behind
-//! sends at once, and a request's latency runs from its scheduled time, so
-//! time spent waiting behind a slow answer counts.
+//! sends at once, and a request's latency runs from its scheduled time.
 //!
-//! Every second: the answers that finished in it (2xx, other statuses,
-//! requests that got no answer at all), their slowest latency and the
-//! service's resident memory (VmRSS). Every minute: a full latency
-//! histogram. Both go to the report; the verdict lines compare the first
-//! and the last minutes. Like the benchmark, this measures and reports; it
-//! fails only when it cannot run.
+//! Every second: the answers that finished in it (2xx, other statuses, no
+//! answer at all), their slowest latency and the service's resident memory.
+//! Every minute: a full latency histogram. Like the benchmark, this
+//! measures and reports; it fails only when it cannot run.
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
-use std::fs;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
+use chargeonce_testkit::memory_bytes;
 use futures_util::future::join_all;
 
 use crate::http::{Api, Http};
-use crate::proc::rss_bytes;
 use crate::scenario::{closed_loop, Keys, Workload};
 use crate::stats::Latencies;
 use crate::{say, Plan};
@@ -38,15 +34,14 @@ pub const CONNECTIONS: usize = 64;
 /// Connections of the maximum-throughput measurement.
 const MAX_CONNECTIONS: usize = 32;
 
-/// One second of the run.
+/// One second of the run: 2xx answers, other statuses, requests without an
+/// answer, the slowest latency, the service's VmRSS sampled in it.
 #[derive(Clone, Default)]
 pub struct Second {
     pub ok: u64,
     pub non_2xx: u64,
-    /// Requests that got no answer (the connection failed).
     pub failed: u64,
     pub slowest_us: u64,
-    /// The service's VmRSS sampled in this second, in bytes.
     pub rss: Option<u64>,
 }
 
@@ -69,16 +64,13 @@ pub struct Sustained {
 pub async fn run(
     api: &Api,
     plan: &Plan,
-    service_pid: u32,
+    pid: u32,
     length: Duration,
     percent: u32,
 ) -> Result<Sustained> {
-    say(format!(
-        "measuring the maximum throughput of the mix at {MAX_CONNECTIONS} connections"
-    ));
-    let max = closed_loop(api, Workload::Mix, MAX_CONNECTIONS, plan, service_pid).await?;
-    max.tally
-        .require_success("the maximum-throughput measurement")?;
+    say(format!("measuring the maximum throughput of the mix at {MAX_CONNECTIONS} connections"));
+    let max = closed_loop(api, Workload::Mix, MAX_CONNECTIONS, plan, pid).await?;
+    max.tally.require_success("the maximum-throughput measurement")?;
     let max_rps = max.rps();
     let target_rps = max_rps * f64::from(percent) / 100.0;
     say(format!(
@@ -88,29 +80,25 @@ pub async fn run(
     ));
 
     let total_seconds = usize::try_from(length.as_secs()).context("run length")?;
-    let minutes = total_seconds.div_ceil(60);
     let seconds = RefCell::new(vec![Second::default(); total_seconds]);
-    let latencies = RefCell::new(
-        (0..minutes)
-            .map(|_| Latencies::new())
-            .collect::<Result<Vec<_>>>()?,
-    );
+    let minutes = (0..total_seconds.div_ceil(60)).map(|_| Latencies::new());
+    let minutes = RefCell::new(minutes.collect::<Result<Vec<_>>>()?);
     let start = Instant::now() + Duration::from_millis(100);
     let end = start + length;
     let interval = Duration::from_secs_f64(CONNECTIONS as f64 / target_rps);
-    let record = |scheduled: Instant, finished: Instant, outcome: Outcome| {
+    // `answered`: Some(success) for an answer, None for none.
+    let record = |scheduled: Instant, finished: Instant, answered: Option<bool>| {
         let index = finished.saturating_duration_since(start).as_secs() as usize;
-        let latency = finished.saturating_duration_since(scheduled);
-        let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        let micros = finished.saturating_duration_since(scheduled).as_micros() as u64;
         if let Some(second) = seconds.borrow_mut().get_mut(index) {
-            match outcome {
-                Outcome::Ok => second.ok += 1,
-                Outcome::Status => second.non_2xx += 1,
-                Outcome::Failed => second.failed += 1,
+            match answered {
+                Some(true) => second.ok += 1,
+                Some(false) => second.non_2xx += 1,
+                None => second.failed += 1,
             }
             second.slowest_us = second.slowest_us.max(micros);
         }
-        if let Some(minute) = latencies.borrow_mut().get_mut(index / 60) {
+        if let Some(minute) = minutes.borrow_mut().get_mut(index / 60) {
             minute.record_us(micros);
         }
     };
@@ -120,18 +108,13 @@ pub async fn run(
         async move {
             let mut keys = Keys::new(Workload::Mix, CONNECTIONS, client, plan);
             let mut http = Http::connect(api.addr).await?;
-            let offset = interval.mul_f64(client as f64 / CONNECTIONS as f64);
-            let mut scheduled = start + offset;
+            let mut scheduled = start + interval.mul_f64(client as f64 / CONNECTIONS as f64);
             while scheduled < end {
                 tokio::time::sleep_until(scheduled.into()).await;
-                let request = api.charge(&keys.next_key())?;
-                match http.send(request).await {
-                    Ok(answer) if answer.is_success() => {
-                        record(scheduled, answer.finished, Outcome::Ok);
-                    }
-                    Ok(answer) => record(scheduled, answer.finished, Outcome::Status),
+                match http.send(&api.charge(&keys.next_key())?).await {
+                    Ok(answer) => record(scheduled, answer.finished, Some(answer.is_success())),
                     Err(_) => {
-                        record(scheduled, Instant::now(), Outcome::Failed);
+                        record(scheduled, Instant::now(), None);
                         // A new connection for the next request; if that
                         // fails too, the run cannot go on.
                         http = Http::connect(api.addr).await?;
@@ -144,22 +127,20 @@ pub async fn run(
     });
     let sampler = async {
         let mut tick = tokio::time::interval_at(start.into(), Duration::from_secs(1));
-        let mut last_report = start;
         for index in 0..total_seconds {
             tick.tick().await;
-            let rss = rss_bytes(service_pid)?;
+            let rss = memory_bytes(&pid.to_string(), "VmRSS:").context("the service's VmRSS")?;
             seconds.borrow_mut()[index].rss = Some(rss);
-            if last_report.elapsed() >= Duration::from_secs(60) || index + 1 == total_seconds {
-                last_report = Instant::now();
+            if (index + 1) % 60 == 0 || index + 1 == total_seconds {
                 let done = seconds.borrow();
                 let minute = &done[index.saturating_sub(59)..=index];
                 let answers: u64 = minute.iter().map(Second::answers).sum();
                 let bad: u64 = minute.iter().map(|s| s.non_2xx + s.failed).sum();
+                let rate = answers as f64 / minute.len() as f64;
                 say(format!(
-                    "{:>4} s: {:.0} req/s, {bad} not 2xx, RSS {:.1} MB",
+                    "{:>4} s: {rate:.0} req/s, {bad} not 2xx, RSS {:.1} MB",
                     index + 1,
-                    answers as f64 / minute.len() as f64,
-                    rss as f64 / 1e6
+                    mb(rss)
                 ));
             }
         }
@@ -167,35 +148,23 @@ pub async fn run(
     };
     let (results, sampled) = tokio::join!(join_all(clients), sampler);
     sampled?;
-    for result in results {
-        result?;
-    }
-    Ok(Sustained {
-        max_rps,
-        percent,
-        target_rps,
-        seconds: seconds.into_inner(),
-        minutes: latencies.into_inner(),
-    })
+    results.into_iter().collect::<Result<Vec<()>>>()?;
+    let (seconds, minutes) = (seconds.into_inner(), minutes.into_inner());
+    Ok(Sustained { max_rps, percent, target_rps, seconds, minutes })
 }
 
-enum Outcome {
-    Ok,
-    Status,
-    Failed,
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / 1e6
 }
 
 /// Least-squares slope of `points` (x, y), in y per x.
 fn slope(points: &[(f64, f64)]) -> f64 {
     let n = points.len() as f64;
-    if n < 2.0 {
-        return 0.0;
-    }
     let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
     let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
     let covariance: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
     let variance: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
-    if variance == 0.0 {
+    if n < 2.0 || variance == 0.0 {
         0.0
     } else {
         covariance / variance
@@ -203,128 +172,89 @@ fn slope(points: &[(f64, f64)]) -> f64 {
 }
 
 impl Sustained {
-    /// The report: settings, a table per minute, the verdict lines.
+    /// The report: settings, a line per minute, the verdict lines.
     pub fn markdown(&self, command: &str) -> String {
-        let mut text = String::new();
-        let _ = writeln!(text, "# Sustained load\n");
-        let _ = writeln!(text, "Command: `{command}`\n");
-        let _ = writeln!(
-            text,
-            "Mix workload (as in the benchmark). Maximum measured first: {:.0} req/s \
+        let mut text = format!(
+            "# Sustained load\n\nCommand: `{command}`\n\n\
+             Mix workload (as in the benchmark). Maximum measured first: {:.0} req/s \
              (closed loop, {MAX_CONNECTIONS} connections). Offered for {} s: {:.0} req/s \
              ({} % of it), open loop over {CONNECTIONS} connections; latency from each \
-             request's scheduled time.\n",
+             request's scheduled time.\n\n\
+             | minute | answers/s | not 2xx | no answer | p50 ms | p99 ms | p99.9 ms | max ms \
+             | RSS min MB | RSS max MB |\n|---|---|---|---|---|---|---|---|---|---|\n",
             self.max_rps,
             self.seconds.len(),
             self.target_rps,
             self.percent
         );
-        let _ = writeln!(
-            text,
-            "| minute | answers/s | not 2xx | no answer | p50 ms | p99 ms | p99.9 ms | max ms \
-             | RSS min MB | RSS max MB |"
-        );
-        let _ = writeln!(text, "|---|---|---|---|---|---|---|---|---|---|");
         for (minute, latencies) in self.minutes.iter().enumerate() {
-            let range = minute * 60..((minute + 1) * 60).min(self.seconds.len());
-            let seconds = &self.seconds[range];
-            let answers: u64 = seconds.iter().map(Second::answers).sum();
-            let non_2xx: u64 = seconds.iter().map(|s| s.non_2xx).sum();
-            let failed: u64 = seconds.iter().map(|s| s.failed).sum();
+            let seconds = &self.seconds[minute * 60..((minute + 1) * 60).min(self.seconds.len())];
+            let sum = |field: fn(&Second) -> u64| seconds.iter().map(field).sum::<u64>();
             let rss: Vec<u64> = seconds.iter().filter_map(|s| s.rss).collect();
-            let mb = |bytes: Option<&u64>| bytes.map_or(f64::NAN, |b| *b as f64 / 1e6);
+            let in_mb = |bytes: Option<&u64>| bytes.map_or(f64::NAN, |b| mb(*b));
             let _ = writeln!(
                 text,
-                "| {} | {:.0} | {non_2xx} | {failed} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.1} |",
+                "| {} | {:.0} | {} | {} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.1} |",
                 minute + 1,
-                answers as f64 / seconds.len().max(1) as f64,
+                sum(Second::answers) as f64 / seconds.len().max(1) as f64,
+                sum(|s| s.non_2xx),
+                sum(|s| s.failed),
                 latencies.percentile_ms(0.5),
                 latencies.percentile_ms(0.99),
                 latencies.percentile_ms(0.999),
                 latencies.max_ms(),
-                mb(rss.iter().min()),
-                mb(rss.iter().max()),
+                in_mb(rss.iter().min()),
+                in_mb(rss.iter().max()),
             );
         }
-        text.push('\n');
-        text.push_str(&self.verdict());
-        text
-    }
-
-    fn verdict(&self) -> String {
-        let mut text = String::new();
         let total: u64 = self.seconds.iter().map(Second::answers).sum();
         let bad: u64 = self.seconds.iter().map(|s| s.non_2xx + s.failed).sum();
         let achieved = total as f64 / self.seconds.len().max(1) as f64;
-        let _ = writeln!(
-            text,
-            "- Throughput: {achieved:.0} answers/s on average, {:.1} % of the offered rate.",
-            100.0 * achieved / self.target_rps
-        );
-        let _ = writeln!(
-            text,
-            "- Errors: {bad} of {total} requests not 2xx or unanswered ({:.4} %).",
-            100.0 * bad as f64 / total.max(1) as f64
-        );
         // Memory after the first minute (caches fill and pools open there):
         // the fitted slope and the first and last minute's peaks.
-        let settled: Vec<(f64, f64)> = self
-            .seconds
-            .iter()
-            .enumerate()
-            .skip(60)
-            .filter_map(|(second, s)| Some((second as f64 / 60.0, s.rss? as f64 / 1e6)))
+        let settled: Vec<(f64, f64)> = (self.seconds.iter().enumerate().skip(60))
+            .filter_map(|(second, s)| Some((second as f64 / 60.0, mb(s.rss?))))
             .collect();
         let last = self.seconds.len();
-        let peak = |range: std::ops::Range<usize>| {
-            self.seconds[range.start.min(last)..range.end.min(last)]
-                .iter()
-                .filter_map(|s| s.rss)
-                .max()
-                .map_or(f64::NAN, |b| b as f64 / 1e6)
+        let peak = |from: usize, to: usize| {
+            let range = &self.seconds[from.min(last)..to.min(last)];
+            range.iter().filter_map(|s| s.rss).max().map_or(f64::NAN, mb)
         };
-        let second_minute = if last >= 120 {
-            format!("peak {:.1} MB in minute 2, ", peak(60..120))
-        } else {
-            String::new()
+        let second_minute = match last >= 120 {
+            true => format!("peak {:.1} MB in minute 2, ", peak(60, 120)),
+            false => String::new(),
         };
-        let _ = writeln!(
+        let _ = write!(
             text,
-            "- Resident memory: {second_minute}{:.1} MB in the last minute, {:.1} MB over the \
-             run; slope after the first minute {:+.3} MB per minute.",
-            peak(last.saturating_sub(60)..last),
-            peak(0..last),
+            "\n- Throughput: {achieved:.0} answers/s on average, {:.1} % of the offered rate.\n\
+             - Errors: {bad} of {total} requests not 2xx or unanswered ({:.4} %).\n\
+             - Resident memory: {second_minute}{:.1} MB in the last minute, {:.1} MB over the \
+             run; slope after the first minute {:+.3} MB per minute.\n",
+            100.0 * achieved / self.target_rps,
+            100.0 * bad as f64 / total.max(1) as f64,
+            peak(last.saturating_sub(60), last),
+            peak(0, last),
             slope(&settled)
         );
         text
     }
 
-    /// One line per second, for plotting: second, answers, not 2xx, no
-    /// answer, slowest ms, RSS bytes.
+    /// One line per second, for plotting.
     pub fn csv(&self) -> String {
         let mut text = String::from("second,answers,not_2xx,no_answer,slowest_ms,rss_bytes\n");
-        for (index, second) in self.seconds.iter().enumerate() {
+        for (index, s) in self.seconds.iter().enumerate() {
+            let rss = s.rss.map_or(String::new(), |b| b.to_string());
+            let slowest = s.slowest_us as f64 / 1000.0;
             let _ = writeln!(
                 text,
-                "{},{},{},{},{:.3},{}",
+                "{},{},{},{},{slowest:.3},{rss}",
                 index + 1,
-                second.answers(),
-                second.non_2xx,
-                second.failed,
-                second.slowest_us as f64 / 1000.0,
-                second.rss.map_or(String::new(), |b| b.to_string())
+                s.answers(),
+                s.non_2xx,
+                s.failed
             );
         }
         text
-    }
-
-    pub fn write(&self, out_dir: &std::path::Path, command: &str) -> Result<String> {
-        let markdown = self.markdown(command);
-        let report = out_dir.join("sustain.md");
-        fs::write(&report, &markdown).with_context(|| format!("writing {}", report.display()))?;
-        let csv = out_dir.join("sustain.csv");
-        fs::write(&csv, self.csv()).with_context(|| format!("writing {}", csv.display()))?;
-        Ok(markdown)
     }
 }
 
@@ -333,34 +263,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_slope_of_a_line_is_its_gradient() {
+    fn the_report_counts_every_second_flags_errors_and_fits_the_memory() {
         let line: Vec<(f64, f64)> = (0..10).map(|x| (x as f64, 3.0 * x as f64 + 1.0)).collect();
         assert!((slope(&line) - 3.0).abs() < 1e-9);
-        let flat: Vec<(f64, f64)> = (0..10).map(|x| (x as f64, 5.0)).collect();
-        assert_eq!(slope(&flat), 0.0);
         assert_eq!(slope(&[(1.0, 2.0)]), 0.0);
-    }
-
-    #[test]
-    fn the_report_counts_every_second_and_flags_errors() {
-        let second = |ok, non_2xx, rss| Second {
-            ok,
-            non_2xx,
-            failed: 0,
-            slowest_us: 2_000,
-            rss: Some(rss),
-        };
+        let second =
+            |ok, non_2xx, rss| Second { ok, non_2xx, failed: 0, slowest_us: 2_000, rss: Some(rss) };
         let mut seconds: Vec<Second> = (0..120).map(|_| second(100, 0, 40_000_000)).collect();
         seconds[90] = second(98, 2, 41_000_000);
         let mut minute = Latencies::new().unwrap();
         minute.record_us(1_000);
-        let run = Sustained {
-            max_rps: 125.0,
-            percent: 80,
-            target_rps: 100.0,
-            seconds,
-            minutes: vec![minute.clone(), minute],
-        };
+        let minutes = vec![minute.clone(), minute];
+        let run = Sustained { max_rps: 125.0, percent: 80, target_rps: 100.0, seconds, minutes };
         let report = run.markdown("scripts/bench --sustain 120");
         assert!(report.contains("| 2 | 100 | 2 | 0 |"), "{report}");
         assert!(report.contains("2 of 12000 requests"), "{report}");

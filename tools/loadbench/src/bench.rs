@@ -1,0 +1,232 @@
+//! One full run, between creating the bench database and dropping it: the
+//! statements captured and checked, then every scenario at every client
+//! count in interleaved rounds with both pgbench yardsticks, then the
+//! burst; and the sustained run's set-up.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{ensure, Context as _, Result};
+use chargeonce_testkit::Spawned;
+
+use crate::capture::{self, Capture};
+use crate::database::{BenchDatabase, Checkpointer};
+use crate::http::Api;
+use crate::pgbench::{Pgbench, PgbenchRun};
+use crate::report::{ratio, Report, Row};
+use crate::scenario::{self, Workload};
+use crate::service::ServiceBinary;
+use crate::stats::Sample;
+use crate::sustain::{self, Sustained};
+use crate::{say, script, Plan};
+
+/// Sequential requests whose statements are counted, per flow.
+const CAPTURE_REQUESTS: usize = 500;
+/// Connections that create the charges replays are drawn from.
+const POOL_FILL_CONNECTIONS: usize = 32;
+
+/// The bench database migrated, with its merchant; the merchant's API key.
+async fn migrate_and_create_merchant(
+    binary: &ServiceBinary,
+    database: &BenchDatabase,
+) -> Result<String> {
+    say("migrating and creating the merchant");
+    binary.cli(&database.url, &["migrate"]).await?;
+    let api_key = binary.cli(&database.url, &["merchant", "create", "Bench"]).await?;
+    ensure!(!api_key.is_empty(), "`chargeonce merchant create` printed no API key");
+    Ok(api_key)
+}
+
+/// Sends one request for every key of the replay pool: the first time it
+/// creates the charges, later ones replay them. `doing` names the step.
+async fn send_replay_pool(
+    plan: &Plan,
+    api: &Api,
+    service: &mut Service<'_>,
+    doing: &str,
+) -> Result<()> {
+    let keys: Vec<String> = (0..plan.pool_size).map(scenario::pool_key).collect();
+    let sent = scenario::send_all(api, POOL_FILL_CONNECTIONS, &keys).await;
+    service.explain(sent).await?.require_success(doing)
+}
+
+/// Creates the charges replays re-send, then gathers statistics, as
+/// autovacuum does within a minute on a table in use. Without them, a
+/// generic plan cached while the table was new may look a replay's key up
+/// through the merchant's listing index (reading every charge of the
+/// merchant) until the first autoanalyze, for the service and for pgbench
+/// alike; ANALYZE drops those cached plans.
+async fn fill_replay_pool(
+    plan: &Plan,
+    api: &Api,
+    service: &mut Service<'_>,
+    db: &BenchDatabase,
+) -> Result<()> {
+    say(format!("creating {} charges for the replays", plan.pool_size));
+    send_replay_pool(plan, api, service, "creating the charges for the replays").await?;
+    db.client.batch_execute("ANALYZE").await.context("ANALYZE after creating the replay pool")
+}
+
+/// The instance under load and its binary, to explain a failed request.
+struct Service<'a> {
+    binary: &'a ServiceBinary,
+    process: Spawned,
+}
+
+impl Service<'_> {
+    async fn start<'a>(binary: &'a ServiceBinary, database: &BenchDatabase) -> Service<'a> {
+        Service { binary, process: binary.start(&database.url).await }
+    }
+
+    /// The result of a run against the service, its error explained if the
+    /// service stopped.
+    async fn explain<T>(&mut self, result: Result<T>) -> Result<T> {
+        match result {
+            Ok(value) => Ok(value),
+            Err(error) => Err(self.binary.explain(&mut self.process, error).await),
+        }
+    }
+}
+
+/// The sustained run.
+pub async fn sustain(
+    plan: &Plan,
+    binary: &ServiceBinary,
+    database: &BenchDatabase,
+    length: Duration,
+    percent: u32,
+) -> Result<Sustained> {
+    let api_key = migrate_and_create_merchant(binary, database).await?;
+    let mut service = Service::start(binary, database).await;
+    let api = Api::new(service.process.port, &api_key)?;
+    fill_replay_pool(plan, &api, &mut service, database).await?;
+    let run = sustain::run(&api, plan, service.process.pid(), length, percent).await;
+    service.explain(run).await
+}
+
+/// The benchmark: everything between creating the database and dropping it.
+pub async fn measure(
+    plan: &Plan,
+    binary: &ServiceBinary,
+    db: &BenchDatabase,
+    out_dir: &Path,
+) -> Result<Report> {
+    let machine = db.machine().await?;
+    let api_key = migrate_and_create_merchant(binary, db).await?;
+    // Start-to-ready, before anything else loads the machine.
+    let ready = binary.start_to_ready(&db.url).await;
+
+    // What the service asks PostgreSQL per request: the same keys twice,
+    // first as new charges, then as replays. Each must be exactly what the
+    // scripts run.
+    let keys: Vec<String> = (0..CAPTURE_REQUESTS).map(|i| format!("capture-{i}")).collect();
+    let new = capture::capture(binary, db, &api_key, &keys).await?;
+    let replay = capture::capture(binary, db, &api_key, &keys).await?;
+    let capture = Capture { new, replay };
+    capture.new.write(&out_dir.join("captured-new.txt"), "new charges")?;
+    capture.replay.write(&out_dir.join("captured-replay.txt"), "replays")?;
+    capture.new.require_same_as(script::NEW_CHARGE_STATEMENTS, "new charge")?;
+    capture.replay.require_same_as(script::REPLAY_STATEMENTS, "replay")?;
+    for (flow, captured) in [("new charge", &capture.new), ("replay", &capture.replay)] {
+        say(format!("round trips per {flow}: {:.2}", captured.round_trips()));
+    }
+
+    // The instance under load, from here to the end. The floor's table
+    // first: the ANALYZE after the pool covers it too.
+    let mut service = Service::start(binary, db).await;
+    let (api, pid) = (Api::new(service.process.port, &api_key)?, service.process.pid());
+    db.create_floor(plan.pool_size).await?;
+    fill_replay_pool(plan, &api, &mut service, db).await?;
+    let values = script::ServiceValues::read(&db.client).await?;
+    let pgbench = Pgbench::write_scripts(db.url.clone(), &values, plan, out_dir)?;
+    pgbench.check(&db.client).await?;
+
+    let mut rows = Vec::new();
+    let checkpoint = Checkpointer::new(db);
+    for workload in [Workload::New, Workload::Replay, Workload::Mix] {
+        if workload == Workload::Replay {
+            // The new-charge scenarios create far more charges (about
+            // 145,000 in a full run) than the default replay cache holds
+            // (32 MiB: about 30,000), so the pool's answers are out of it by
+            // now and the first replay point would measure the database
+            // path, which the own-SQL column measures. Replaying the pool
+            // once puts them back: the replay scenarios measure replays the
+            // cache can answer (BENCHMARKS.md).
+            let doing = "replaying the pool's keys before the replay scenarios";
+            send_replay_pool(plan, &api, &mut service, doing).await?;
+        }
+        for &connections in plan.connections {
+            let mut point: Option<(Sample, PgbenchRun, PgbenchRun)> = None;
+            let mut by_round = Vec::new();
+            for round in 0..plan.rounds {
+                let plan = &plan.for_round(round);
+                checkpoint.run().await?;
+                let sample = scenario::closed_loop(&api, workload, connections, plan, pid).await;
+                let sample = service.explain(sample).await?;
+                checkpoint.run().await?;
+                let own = pgbench.run(&pgbench.own_sql, workload, connections, plan, pid).await?;
+                checkpoint.run().await?;
+                let floor = pgbench.run(&pgbench.floor, workload, connections, plan, pid).await?;
+                by_round.extend(ratio(&sample, Some(&floor)));
+                point = Some(match point {
+                    None => (sample, own, floor),
+                    Some((mut all, mut all_own, mut all_floor)) => {
+                        all.merge(&sample)?;
+                        all_own.merge(&own)?;
+                        all_floor.merge(&floor)?;
+                        (all, all_own, all_floor)
+                    }
+                });
+            }
+            let (sample, own, floor) = point.context("no round measured")?;
+            let row = Row {
+                scenario: workload.name().to_owned(),
+                connections,
+                sample,
+                own: Some(own),
+                floor: Some(floor),
+                floor_ratio_by_round: by_round,
+            };
+            let (tally, own, floor) = (&row.sample.tally, row.own.as_ref(), row.floor.as_ref());
+            say(format!(
+                "{} x {connections}: {:.0} req/s, p99 {:.2} ms, over 100 ms {}, non-2xx {}; \
+                 own SQL {:.0} TPS, floor {:.0} TPS (over 100 ms {})",
+                workload.name(),
+                row.sample.rps(),
+                tally.percentile_ms(0.99),
+                tally.slow(),
+                tally.non_2xx_text(),
+                own.map_or(0.0, |run| run.tps),
+                floor.map_or(0.0, |run| run.tps),
+                floor.map_or(0, |run| run.slow),
+            ));
+            rows.push(row);
+        }
+    }
+    checkpoint.run().await?;
+    let bursts = scenario::bursts(&api, plan, pid).await;
+    let (sample, bursts) = service.explain(bursts).await?;
+    say(format!(
+        "burst: {} rounds, {:.0} req/s, p99 {:.2} ms, non-2xx {}, rounds not created exactly once {}",
+        bursts.rounds,
+        sample.rps(),
+        sample.tally.percentile_ms(0.99),
+        sample.tally.non_2xx_text(),
+        bursts.not_created_once
+    ));
+    rows.push(Row {
+        scenario: format!("burst ({} same-key requests per round)", scenario::BURST),
+        connections: scenario::BURST,
+        sample,
+        own: None,
+        floor: None,
+        floor_ratio_by_round: Vec::new(),
+    });
+
+    // Peak memory, after everything.
+    let peak_rss = chargeonce_testkit::memory_bytes(&pid.to_string(), "VmHWM:")
+        .context("the service's VmHWM")?;
+    drop(service);
+    let (longest_settle, commands) = (checkpoint.longest_settle.get(), pgbench.command_lines());
+    Ok(Report { machine, rows, bursts, peak_rss, capture, ready, longest_settle, commands })
+}
