@@ -91,7 +91,7 @@ const NOT_PER_MERCHANT: [&str; 3] = ["merchants", "api_keys", "refinery_schema_h
 /// workers' scans, docs/scaling.md "Background workers"), or that read only
 /// the tables above. The workers' scans of charges and refunds only read:
 /// what they find is claimed or released merchant by merchant.
-const ACROSS_MERCHANTS: [&str; 12] = [
+const ACROSS_MERCHANTS: [&str; 13] = [
     "charges::ABANDONED",
     "charges::EXPIRED_KEYS",
     "refunds::ABANDONED",
@@ -104,6 +104,7 @@ const ACROSS_MERCHANTS: [&str; 12] = [
     "merchants::ENSURE",
     "merchants::FIND_BY_DIGEST",
     "db::APPLIED_MIGRATION",
+    "db::DATABASE_NOW",
 ];
 
 /// Ready for distribution on `merchant_id` (Citus requires it of a
