@@ -50,11 +50,6 @@ pub enum ApiError {
     PayloadTooLarge { limit: usize },
     #[error("the request body must be sent as application/json")]
     UnsupportedMediaType,
-    /// A request head the HTTP layer could not parse (`http::server`).
-    #[error("the request is malformed: {detail}")]
-    MalformedRequest { detail: String },
-    #[error("the request head is too large: too many header fields, or fields too long")]
-    HeaderFieldsTooLarge,
     #[error("{detail}")]
     RequestTimeout { detail: String },
     #[error("the database is unavailable; nothing was processed, retry later")]
@@ -140,18 +135,6 @@ impl ApiError {
                 S::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported_media_type",
                 "Unsupported media type",
-                None,
-            ),
-            Self::MalformedRequest { .. } => (
-                S::BAD_REQUEST,
-                "malformed_request",
-                "Malformed request",
-                None,
-            ),
-            Self::HeaderFieldsTooLarge => (
-                S::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "request_header_fields_too_large",
-                "Request header fields too large",
                 None,
             ),
             Self::RequestTimeout { .. } => (

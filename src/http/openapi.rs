@@ -300,9 +300,10 @@ fn described(mut header: Header, description: &str) -> Header {
 }
 
 /// Every problem `operation` can answer, by status, derived from what it
-/// declares: any request can be malformed, too slow or too large in its
-/// head, meet a full server or a failure; an API key, a path id, a query, a
-/// body and an `Idempotency-Key` each bring their own.
+/// declares: any request can meet a full server or a failure; an API key,
+/// a path id, a query, a body (which can also be too slow) and an
+/// `Idempotency-Key` each bring their own. A head the HTTP layer cannot
+/// parse gets actix-http's own bare answer, which is no problem document.
 fn problems_of(operation: &Operation) -> BTreeMap<u16, Vec<(&'static str, ApiError)>> {
     let has_parameter = |name: &str, place: ParameterIn| {
         operation.parameters.iter().flatten().any(|parameter| {
@@ -314,22 +315,6 @@ fn problems_of(operation: &Operation) -> BTreeMap<u16, Vec<(&'static str, ApiErr
         .as_ref()
         .is_some_and(|requirements| !requirements.is_empty());
     let mut problems: Vec<(&'static str, ApiError)> = vec![
-        (
-            "malformed_request",
-            ApiError::MalformedRequest {
-                detail: "the header \"X-Note\" contains a control character".to_owned(),
-            },
-        ),
-        (
-            "request_timeout",
-            ApiError::RequestTimeout {
-                detail: "the request head did not arrive within 5000 ms".to_owned(),
-            },
-        ),
-        (
-            "request_header_fields_too_large",
-            ApiError::HeaderFieldsTooLarge,
-        ),
         ("internal_error", ApiError::Internal("example".into())),
         (
             "service_unavailable",
@@ -378,6 +363,12 @@ fn problems_of(operation: &Operation) -> BTreeMap<u16, Vec<(&'static str, ApiErr
                 ApiError::PayloadTooLarge { limit: 65536 },
             ),
             ("unsupported_media_type", ApiError::UnsupportedMediaType),
+            (
+                "request_timeout",
+                ApiError::RequestTimeout {
+                    detail: "the request body did not arrive within 10000 ms".to_owned(),
+                },
+            ),
             (
                 "request_timeout_body",
                 ApiError::RequestTimeout {
@@ -446,10 +437,7 @@ pub fn advice(code: &str) -> &'static str {
             "nothing was refunded; do not retry as is"
         }
         "method_not_allowed" => "use a method the path has",
-        "payload_too_large" | "unsupported_media_type" | "malformed_request" => {
-            "fix the request; nothing was processed"
-        }
-        "request_header_fields_too_large" => "send fewer or shorter headers",
+        "payload_too_large" | "unsupported_media_type" => "fix the request; nothing was processed",
         "request_timeout" => "send the whole request faster; retry with the same key is safe",
         "service_unavailable" => {
             "nothing was processed: retry after Retry-After seconds, with the same \

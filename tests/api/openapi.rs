@@ -351,8 +351,6 @@ fn every_problem_code_is_documented_with_an_example() {
         "refund_exceeds_charge",
         "payload_too_large",
         "unsupported_media_type",
-        "malformed_request",
-        "request_header_fields_too_large",
         "request_timeout",
         "service_unavailable",
         "internal_error",
