@@ -344,6 +344,7 @@ fn every_problem_code_is_documented_with_an_example() {
         "idempotency_key_missing",
         "idempotency_key_invalid",
         "idempotency_key_reused",
+        "idempotency_key_expired",
         "idempotency_key_in_use",
         "invalid_request",
         "not_found",
