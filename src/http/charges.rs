@@ -7,7 +7,7 @@ use super::auth::AuthenticatedMerchant;
 use super::body::{self, HttpLimits};
 use super::query::PageOrKey;
 use super::{query, render};
-use crate::domain::{wire, ChargeId, MerchantId, NewCharge, RequestFingerprint};
+use crate::domain::{wire, ChargeId, IdempotencyKey, MerchantId, NewCharge, RequestFingerprint};
 use crate::error::ApiError;
 use crate::service::charges::{ChargeReply, Charges};
 
@@ -102,6 +102,20 @@ fn charge_response(
     )
 }
 
+/// The list of the charge `key` created for `merchant` (zero or one), as
+/// the lookup by key answers it at `url`.
+pub(crate) async fn found_by_key(
+    merchant: MerchantId,
+    charges: &Charges,
+    key: &IdempotencyKey,
+    url: &str,
+) -> Result<HttpResponse, ApiError> {
+    let found = charges.find_by_key(merchant, key).await?;
+    render::page(url.to_owned(), found.as_slice(), 1, |charge| {
+        wire::charge_found_by_key(charge, key.as_str(), charges.window_end(charge))
+    })
+}
+
 /// A charge as it is now (refunds included).
 #[utoipa::path(
     get,
@@ -155,12 +169,7 @@ pub async fn list(
         "a charge id (ch_...)",
     )? {
         PageOrKey::Page(page) => page,
-        PageOrKey::Key(key) => {
-            let found = charges.find_by_key(merchant, &key).await?;
-            return render::page("/v1/charges".to_owned(), found.as_slice(), 1, |charge| {
-                wire::charge_found_by_key(charge, key.as_str(), charges.window_end(charge))
-            });
-        }
+        PageOrKey::Key(key) => return found_by_key(merchant, &charges, &key, "/v1/charges").await,
     };
     let found = charges
         .list(merchant, page.limit + 1, page.starting_after)
