@@ -139,6 +139,10 @@ pub struct IdempotencySettings {
     #[serde_as(as = "Millis<0, 10_000>")]
     pub in_flight_wait: Duration,
     pub retention_hours: NonZeroU64,
+    /// How long a key stays held after its replay window, answering 422
+    /// `idempotency_key_expired`, before it is released for reuse.
+    #[serde_as(as = "Within<0, 3650>")]
+    pub expired_key_hold_days: u64,
     /// About how many bytes of final answers to keep in memory for replays
     /// (`service::replay_cache`); 0 turns the cache off.
     pub replay_cache_bytes: u64,
@@ -365,8 +369,18 @@ impl ProcessorSettings {
 }
 
 impl IdempotencySettings {
+    /// How long after a key's first use a retry replays
+    /// (`retention_hours`).
     pub fn retention(&self) -> Duration {
         Duration::from_secs(self.retention_hours.get().saturating_mul(3600))
+    }
+
+    /// How long after its first use a key is released for reuse: its
+    /// replay window and then the hold.
+    pub fn release_after(&self) -> Duration {
+        self.retention().saturating_add(Duration::from_secs(
+            self.expired_key_hold_days.saturating_mul(86_400),
+        ))
     }
 }
 

@@ -14,6 +14,24 @@ use crate::telemetry::error_chain;
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
+/// When the replay window of the answer's key ends, as an IMF-fixdate (RFC
+/// 9110): on every answer that stored or replayed a key, and on the 422 of
+/// a key whose window has ended.
+pub const KEY_EXPIRES: &str = "idempotency-key-expires";
+
+/// `at` as an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
+pub fn http_date(at: chrono::DateTime<chrono::Utc>) -> String {
+    at.format("%a, %d %b %Y %H:%M:%S GMT").to_string()
+}
+
+/// `: amount, metadata.order differ` for the detail of a reused key.
+fn differing(fields: &Option<Vec<String>>) -> String {
+    match fields {
+        Some(fields) if !fields.is_empty() => format!(" ({} differ)", fields.join(", ")),
+        _ => String::new(),
+    }
+}
+
 /// What caused a 5xx, for the log only.
 pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 
@@ -25,8 +43,23 @@ pub enum ApiError {
     IdempotencyKeyMissing,
     #[error("{0}")]
     IdempotencyKeyInvalid(#[from] KeyError),
-    #[error("this Idempotency-Key was already used with a different request body")]
-    IdempotencyKeyReused,
+    #[error(
+        "this Idempotency-Key was already used with a different request{}",
+        differing(differing_fields)
+    )]
+    IdempotencyKeyReused {
+        differing_fields: Option<Vec<String>>,
+    },
+    /// The key's replay window ended at `window_ended`; it names `object`.
+    #[error(
+        "the replay window of this Idempotency-Key ended at {}: it created {object}, which a \
+         GET shows; nothing was processed. A new request needs a new key",
+        window_ended.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    )]
+    IdempotencyKeyExpired {
+        object: String,
+        window_ended: chrono::DateTime<chrono::Utc>,
+    },
     #[error("a request with this Idempotency-Key is still being processed; retry later")]
     IdempotencyKeyInUse { retry_after_secs: u64 },
     #[error("{detail}")]
@@ -50,11 +83,6 @@ pub enum ApiError {
     PayloadTooLarge { limit: usize },
     #[error("the request body must be sent as application/json")]
     UnsupportedMediaType,
-    /// A request head the HTTP layer could not parse (`http::server`).
-    #[error("the request is malformed: {detail}")]
-    MalformedRequest { detail: String },
-    #[error("the request head is too large: too many header fields, or fields too long")]
-    HeaderFieldsTooLarge,
     #[error("{detail}")]
     RequestTimeout { detail: String },
     #[error("the database is unavailable; nothing was processed, retry later")]
@@ -96,10 +124,16 @@ impl ApiError {
                 "Idempotency-Key invalid",
                 None,
             ),
-            Self::IdempotencyKeyReused => (
+            Self::IdempotencyKeyReused { .. } => (
                 S::UNPROCESSABLE_ENTITY,
                 "idempotency_key_reused",
                 "Idempotency-Key reused",
+                None,
+            ),
+            Self::IdempotencyKeyExpired { .. } => (
+                S::UNPROCESSABLE_ENTITY,
+                "idempotency_key_expired",
+                "Idempotency-Key expired",
                 None,
             ),
             Self::IdempotencyKeyInUse { retry_after_secs } => (
@@ -140,18 +174,6 @@ impl ApiError {
                 S::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported_media_type",
                 "Unsupported media type",
-                None,
-            ),
-            Self::MalformedRequest { .. } => (
-                S::BAD_REQUEST,
-                "malformed_request",
-                "Malformed request",
-                None,
-            ),
-            Self::HeaderFieldsTooLarge => (
-                S::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "request_header_fields_too_large",
-                "Request header fields too large",
                 None,
             ),
             Self::RequestTimeout { .. } => (
@@ -217,6 +239,9 @@ impl ApiError {
         if let Self::MethodNotAllowed { allow } = self {
             headers.push(("allow", allow.clone()));
         }
+        if let Self::IdempotencyKeyExpired { window_ended, .. } = self {
+            headers.push((KEY_EXPIRES, http_date(*window_ended)));
+        }
         (description.status, headers, self.problem_body())
     }
 
@@ -247,6 +272,10 @@ impl ApiError {
                 Self::RefundExceedsCharge { refundable_amount } => Some(*refundable_amount),
                 _ => None,
             },
+            differing_fields: match self {
+                Self::IdempotencyKeyReused { differing_fields } => differing_fields.clone(),
+                _ => None,
+            },
             ..problem(
                 description.status,
                 description.code.into(),
@@ -272,13 +301,23 @@ pub fn problem<'a>(
         code,
         errors: Cow::Borrowed(&[]),
         refundable_amount: None,
+        differing_fields: None,
     }
 }
 
 impl From<ServiceError> for ApiError {
     fn from(error: ServiceError) -> Self {
         match error {
-            ServiceError::KeyReused => Self::IdempotencyKeyReused,
+            ServiceError::KeyReused { differing_fields } => {
+                Self::IdempotencyKeyReused { differing_fields }
+            }
+            ServiceError::KeyExpired {
+                object,
+                window_ended,
+            } => Self::IdempotencyKeyExpired {
+                object,
+                window_ended,
+            },
             ServiceError::KeyInUse { retry_after } => Self::IdempotencyKeyInUse {
                 retry_after_secs: retry_after.as_secs().max(1),
             },

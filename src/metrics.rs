@@ -36,6 +36,8 @@ pub const WEBHOOK_ATTEMPTS: &str = "chargeonce_webhook_attempts_total";
 pub const WEBHOOK_ATTEMPT_DURATION: &str = "chargeonce_webhook_attempt_duration_seconds";
 pub const WEBHOOK_GIVEN_UP: &str = "chargeonce_webhook_deliveries_failed_total";
 pub const CLOCK_OFFSET: &str = "chargeonce_clock_offset_seconds";
+pub const KEY_LOOKUPS: &str = "chargeonce_idempotency_key_lookups_total";
+pub const MISMATCHED_FIELDS: &str = "chargeonce_idempotency_mismatched_fields_total";
 
 /// Latency buckets, seconds: a millisecond to half a minute.
 const BUCKETS: &[f64] = &[
@@ -155,6 +157,17 @@ fn describe() {
         "Events in the outbox not yet fanned out to webhook deliveries (still in the event queue), \
          counted up to 10000. Measured every second by each instance's dispatcher: the same \
          database-wide number from every instance."
+    );
+    describe_counter!(
+        KEY_LOOKUPS,
+        "Lookups by idempotency key (GET /v1/charges or /v1/refunds ?idempotency_key=), by kind \
+         and result (found, none)."
+    );
+    describe_counter!(
+        MISMATCHED_FIELDS,
+        "Keys reused with another request, by kind and by field that differed (a metadata \
+         entry counts as metadata; unknown when the fields cannot be told). Expired keys are \
+         chargeonce_idempotency_outcomes_total{outcome=\"expired\"}."
     );
     describe_gauge!(
         CLOCK_OFFSET,
@@ -368,6 +381,50 @@ pub fn webhook_backlog(undispatched_events: i64, pending_deliveries: i64, oldest
     gauge!(WEBHOOK_UNDISPATCHED).set(undispatched_events as f64);
     gauge!(WEBHOOK_PENDING).set(pending_deliveries as f64);
     gauge!(WEBHOOK_OLDEST_AGE).set(oldest_age_secs);
+}
+
+/// A lookup by key (`GET /v1/charges?idempotency_key=`): whether it found
+/// the record.
+pub fn key_lookup(kind: &'static str, found: bool) {
+    counter!(KEY_LOOKUPS, "kind" => kind, "result" => if found { "found" } else { "none" })
+        .increment(1);
+}
+
+/// The fields of a reused key's request that differ, each counted once; a
+/// metadata entry counts as `metadata` (its key would be an unbounded
+/// label), fields that cannot be told as `unknown`.
+pub fn mismatched_fields(kind: &'static str, fields: &[String]) {
+    const KNOWN: [&str; 8] = [
+        "amount",
+        "currency",
+        "customer",
+        "description",
+        "reason",
+        "charge",
+        "url",
+        "event_types",
+    ];
+    let labels = fields.iter().map(|field| {
+        let name = field.split('.').next().unwrap_or_default();
+        if name == "metadata" {
+            "metadata"
+        } else {
+            KNOWN
+                .into_iter()
+                .find(|known| *known == name)
+                .unwrap_or("unknown")
+        }
+    });
+    let mut counted: Vec<&'static str> = Vec::new();
+    for label in labels {
+        if !counted.contains(&label) {
+            counted.push(label);
+            counter!(MISMATCHED_FIELDS, "kind" => kind, "field" => label).increment(1);
+        }
+    }
+    if fields.is_empty() {
+        counter!(MISMATCHED_FIELDS, "kind" => kind, "field" => "unknown").increment(1);
+    }
 }
 
 pub fn clock_offset(seconds: f64) {

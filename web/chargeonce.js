@@ -14,10 +14,16 @@
 //   with that key and body, with exponential backoff and full jitter, after
 //   Retry-After when the server sends it, within a number of attempts and a
 //   deadline.
-// - Any other answer is final: the stored payment is cleared.
+// - Any other answer is final: the stored payment is cleared. That includes
+//   422 idempotency_key_expired: the key's replay window has ended, nothing
+//   was processed, and the result says so (`keyExpired`).
+// - After a reload, the stored payment is first looked up by its key
+//   (`lookup`, a GET that sends nothing that could charge): a charge that
+//   reached its outcome is reported without posting again; a pending or
+//   unknown one is posted again with the same key and body.
 // - A stored payment older than the server's retention window is never sent
-//   again (its key may have been released, and the same key would then make
-//   a new charge); it is reported to the page and cleared.
+//   again (past its window the key no longer replays); it is looked up,
+//   reported to the page with the charge it made, if any, and cleared.
 
 /** Defaults of {@link PaymentOptions}. */
 export const DEFAULTS = Object.freeze({
@@ -30,6 +36,9 @@ export const DEFAULTS = Object.freeze({
   // chargeonce's idempotency.retention_hours (24) in milliseconds.
   retentionMs: 24 * 60 * 60 * 1000,
 });
+
+/** The problem code of a key whose replay window has ended. */
+export const KEY_EXPIRED = 'idempotency_key_expired';
 
 /**
  * A payment written to storage before its first request.
@@ -55,6 +64,12 @@ export const DEFAULTS = Object.freeze({
  *                             still stored, and {@link resumePending} finishes
  *                             it later with the same key.
  * @property {string} [error]  The last network error, when status is 0.
+ * @property {boolean} [keyExpired]  true: the answer was 422
+ *                             `idempotency_key_expired` (final, never retried):
+ *                             look the charge up with {@link lookup}.
+ * @property {boolean} [lookedUp]  true: the stored payment's charge was
+ *                             found final by {@link lookup} after a reload;
+ *                             `body` is that charge and nothing was posted.
  */
 
 /**
@@ -72,6 +87,9 @@ export const DEFAULTS = Object.freeze({
  * @typedef {object} PaymentOptions
  * @property {string} url  Where to POST the payment: the merchant backend's
  *   route that forwards `Idempotency-Key` and the body to chargeonce.
+ * @property {string|null} [lookupUrl=url]  Where to GET
+ *   `?idempotency_key=KEY`: the merchant backend's route that forwards it to
+ *   chargeonce's `GET /v1/charges?idempotency_key=`. null: never look up.
  * @property {Record<string, string>} [headers]  Extra request headers, e.g.
  *   a CSRF token the merchant backend wants.
  * @property {string} [storageKey='chargeonce.payment']  The storage entry;
@@ -162,16 +180,21 @@ export function startPayment(body, options) {
 }
 
 /**
- * Finishes the stored payment, if any, with its key and body; call it when
- * the page loads. Resolves with:
+ * Finishes the stored payment, if any; call it when the page loads. It first
+ * looks the payment up by its key (see {@link lookup}). Resolves with:
  * - `null` when nothing is stored;
- * - `{expired: entry}` when the stored payment is older than `retentionMs`:
- *   it is cleared and not sent (tell the user to check their orders before
- *   paying again);
- * - otherwise a {@link PaymentResult}, as from {@link startPayment}.
+ * - `{expired: entry, charge}` when the stored payment is older than
+ *   `retentionMs`: it is cleared and not sent; `charge` is what its key
+ *   made (null if nothing, or if the lookup failed): show it, or tell the
+ *   user to check their orders before paying again;
+ * - a {@link PaymentResult} with `lookedUp: true` when the lookup found the
+ *   charge final: nothing is posted;
+ * - otherwise (pending, not found, or the lookup failed) a
+ *   {@link PaymentResult} of posting it again with its key and body, as
+ *   from {@link startPayment}.
  *
  * @param {PaymentOptions} options
- * @returns {Promise<PaymentResult | {expired: PendingPayment} | null>}
+ * @returns {Promise<PaymentResult | {expired: PendingPayment, charge: object|null} | null>}
  */
 export function resumePending(options) {
   try {
@@ -184,14 +207,60 @@ export function resumePending(options) {
     if (!entry) {
       return Promise.resolve(null);
     }
-    if (isExpired(entry, opts)) {
-      removeEntry(opts, entry.key);
-      return Promise.resolve({ expired: entry });
-    }
-    return run(opts, entry);
+    return resume(opts, entry);
   } catch (error) {
     return Promise.reject(error);
   }
+}
+
+/**
+ * What the payment with idempotency key `key` became, asked without sending
+ * it again: the charge as it is now (pending included), or null if the
+ * server has no charge with this key (never received, or released long
+ * after its window). Rejects when the lookup gets no answer or an error.
+ *
+ * @param {string} key
+ * @param {Pick<PaymentOptions, 'url' | 'lookupUrl' | 'headers' | 'fetch' | 'requestTimeoutMs'>} options
+ * @returns {Promise<object|null>}
+ */
+export async function lookup(key, options) {
+  const opts = withDefaults(options);
+  if (opts.lookupUrl === null) {
+    throw new Error('chargeonce: lookups are off (options.lookupUrl is null)');
+  }
+  const url = new URL(opts.lookupUrl, globalThis.location?.href ?? 'http://localhost/');
+  url.searchParams.set('idempotency_key', key);
+  const abort = new AbortController();
+  const timer = setTimeout(() => abort.abort(), opts.requestTimeoutMs);
+  try {
+    const response = await opts.fetch(url.href, {
+      method: 'GET',
+      headers: { ...opts.headers },
+      signal: abort.signal,
+    });
+    const body = await readBody(response);
+    if (response.status !== 200 || !Array.isArray(body?.data)) {
+      throw new Error(`chargeonce: the lookup answered ${response.status}`);
+    }
+    return body.data[0] ?? null;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** The stored payment after a reload: looked up first, posted only if needed. */
+async function resume(opts, entry) {
+  const charge = opts.lookupUrl === null ? null : await lookup(entry.key, opts).catch(() => null);
+  if (isExpired(entry, opts)) {
+    removeEntry(opts, entry.key);
+    return { expired: entry, charge };
+  }
+  if (charge && charge.status !== 'pending') {
+    removeEntry(opts, entry.key);
+    return { status: 200, body: charge, key: entry.key, final: true, lookedUp: true };
+  }
+  // Joined by a start or resume that comes meanwhile, as any run is.
+  return inFlight.get(opts.storageKey)?.promise ?? run(opts, entry);
 }
 
 /**
@@ -226,6 +295,9 @@ function withDefaults(options) {
   if (typeof opts.url !== 'string') {
     throw new TypeError('chargeonce: options.url (the merchant backend route) is required');
   }
+  if (opts.lookupUrl === undefined) {
+    opts.lookupUrl = opts.url;
+  }
   // Reading `localStorage` itself throws where storage is disabled.
   opts.storage ??= globalThis.localStorage;
   if (!opts.storage) {
@@ -254,7 +326,11 @@ async function send(opts, entry) {
     if (answer.status !== 0 && !isRetryable(answer.status)) {
       notify(opts, { key: entry.key, attempt, status: answer.status, retryInMs: null });
       removeEntry(opts, entry.key);
-      return { status: answer.status, body: answer.body, key: entry.key, final: true };
+      const result = { status: answer.status, body: answer.body, key: entry.key, final: true };
+      if (answer.status === 422 && answer.body?.code === KEY_EXPIRED) {
+        result.keyExpired = true;
+      }
+      return result;
     }
     const delay = answer.retryAfterMs ?? backoff(attempt, opts);
     const last = attempt >= opts.maxAttempts || Date.now() + delay > deadline;

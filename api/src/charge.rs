@@ -56,6 +56,17 @@ pub struct Charge<'a> {
     /// (`2026-11-30T19:59:39.452451Z`).
     #[cfg_attr(feature = "schema", schema(format = DateTime))]
     pub created_at: String,
+    /// Only in the answer to a lookup by key (`?idempotency_key=`): the key
+    /// that created it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schema(value_type = Option<String>, nullable = false))]
+    pub idempotency_key: Option<Cow<'a, str>>,
+    /// Only in the answer to a lookup by key: when that key's replay window
+    /// ends (RFC 3339), after which a request with it gets 422
+    /// `idempotency_key_expired`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schema(format = DateTime, nullable = false))]
+    pub idempotency_key_expires_at: Option<String>,
 }
 
 /// The `object` member of a charge.

@@ -38,6 +38,13 @@ pub struct Problem<'a> {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schema", schema(nullable = false))]
     pub refundable_amount: Option<i64>,
+    /// `idempotency_key_reused` only: the names (never the values) of the
+    /// request's fields that differ from the request the key was first used
+    /// with (`amount`, `metadata.order`, …; `charge` for a refund of another
+    /// charge). Absent when they cannot be told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schema(nullable = false))]
+    pub differing_fields: Option<Vec<String>>,
 }
 
 // serde hands `skip_serializing_if` a reference to the field as it is.

@@ -269,6 +269,52 @@ impl Client {
         self.read(self.url(&["v1", "refunds", id])).await
     }
 
+    /// The charge an idempotency key created, as it is now (pending
+    /// included), or `None` if the key names no charge (never used with
+    /// this merchant's secret key, or released after its hold). Sends
+    /// nothing that could charge: use it when a process lost the answer (a
+    /// crash, a reload, a reconciliation job) to decide whether to send the
+    /// operation again. The charge carries `idempotency_key_expires_at`:
+    /// past it, sending the operation again gets
+    /// [`Error::KeyExpired`], never a second charge.
+    ///
+    /// ```no_run
+    /// # async fn run(client: chargeonce_client::Client) -> Result<(), chargeonce_client::Error> {
+    /// // The key stored with order 1001 before its first attempt.
+    /// let key = chargeonce_client::IdempotencyKey::from("order-1001".to_owned());
+    /// match client.find_by_key(&key).await? {
+    ///     Some(charge) => println!("order 1001 is {:?}", charge.status),
+    ///     None => println!("order 1001 was never charged: safe to send"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn find_by_key(&self, key: &IdempotencyKey) -> Result<Option<Charge>, Error> {
+        self.find_one_by_key(self.url(&["v1", "charges"]), key)
+            .await
+    }
+
+    /// The refund an idempotency key created; like [`Client::find_by_key`].
+    pub async fn find_refund_by_key(&self, key: &IdempotencyKey) -> Result<Option<Refund>, Error> {
+        self.find_one_by_key(self.url(&["v1", "refunds"]), key)
+            .await
+    }
+
+    async fn find_one_by_key<T: Resource>(
+        &self,
+        mut url: Url,
+        key: &IdempotencyKey,
+    ) -> Result<Option<T>, Error> {
+        if !key.is_valid() {
+            return Err(Error::InvalidKey {
+                idempotency_key: key.clone(),
+            });
+        }
+        url.query_pairs_mut()
+            .append_pair("idempotency_key", key.as_str());
+        let page: Page<T> = self.read(url).await?;
+        Ok(page.data.into_iter().next())
+    }
+
     /// Every charge, newest first, fetched a page at a time as the stream is
     /// read (following `has_more` with `starting_after`). An error ends the
     /// stream after it is yielded.

@@ -90,7 +90,26 @@ pub enum Error {
     KeyReused {
         /// The service's explanation.
         detail: String,
+        /// The names of the fields that differ from the request the key was
+        /// first used with (`amount`, `metadata.order`, …); empty when the
+        /// service could not tell.
+        differing_fields: Vec<String>,
         /// The reused key.
+        idempotency_key: Option<IdempotencyKey>,
+    },
+    /// `422 idempotency_key_expired`: the key's replay window ended, so the
+    /// service neither replays nor processes the request. Final, never
+    /// retried: [`Client::find_by_key`](crate::Client::find_by_key) shows
+    /// what the key created; a new request needs a new key.
+    #[error("idempotency key expired: {detail}")]
+    KeyExpired {
+        /// The service's explanation: what the key created and when its
+        /// window ended.
+        detail: String,
+        /// When the window ended, as the service's `Idempotency-Key-Expires`
+        /// header says it (an HTTP date).
+        window_ended: Option<String>,
+        /// The expired key.
         idempotency_key: Option<IdempotencyKey>,
     },
     /// `400 invalid_request`: the body or query is invalid; `errors` names
@@ -228,6 +247,9 @@ impl Error {
             | Self::KeyReused {
                 idempotency_key, ..
             }
+            | Self::KeyExpired {
+                idempotency_key, ..
+            }
             | Self::InvalidRequest {
                 idempotency_key, ..
             }
@@ -265,7 +287,9 @@ impl Error {
                 Some(StatusCode::PAYMENT_REQUIRED)
             }
             Self::Pending { .. } | Self::RefundPending { .. } => Some(StatusCode::ACCEPTED),
-            Self::KeyReused { .. } => Some(StatusCode::UNPROCESSABLE_ENTITY),
+            Self::KeyReused { .. } | Self::KeyExpired { .. } => {
+                Some(StatusCode::UNPROCESSABLE_ENTITY)
+            }
             Self::InvalidRequest { .. }
             | Self::ChargeNotRefundable { .. }
             | Self::RefundExceedsCharge { .. } => Some(StatusCode::BAD_REQUEST),
@@ -342,6 +366,17 @@ impl Error {
             (422, Some("idempotency_key_reused")) => {
                 return Self::KeyReused {
                     detail,
+                    differing_fields: problem.differing_fields.unwrap_or_default(),
+                    idempotency_key,
+                }
+            }
+            (422, Some("idempotency_key_expired")) => {
+                return Self::KeyExpired {
+                    detail,
+                    window_ended: headers
+                        .get("idempotency-key-expires")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned),
                     idempotency_key,
                 }
             }

@@ -245,6 +245,7 @@ mod tests {
             (413, "payload_too_large"),
             (415, "unsupported_media_type"),
             (422, "idempotency_key_reused"),
+            (422, "idempotency_key_expired"),
         ] {
             assert!(!is_retried(&answer(status, code)), "{status} {code}");
         }

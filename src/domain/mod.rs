@@ -15,7 +15,7 @@ mod properties;
 pub mod refund;
 pub mod strict_json;
 pub mod webhook;
-mod wire;
+pub mod wire;
 
 pub use api_key::ApiKey;
 pub use charge::{Charge, NewCharge};

@@ -48,6 +48,8 @@ pub(super) fn charge_with(charge: &Charge, amount_refunded: i64) -> api::Charge<
         amount_refunded,
         refunded: amount_refunded == charge.amount,
         created_at: time(charge.created_at),
+        idempotency_key: None,
+        idempotency_key_expires_at: None,
     }
 }
 
@@ -65,7 +67,36 @@ impl<'a> From<&'a Refund> for api::Refund<'a> {
             failure_code: text(&refund.failure_code),
             failure_message: text(&refund.failure_message),
             created_at: time(refund.created_at),
+            idempotency_key: None,
+            idempotency_key_expires_at: None,
         }
+    }
+}
+
+/// A charge as a lookup by its key shows it: as it is, with the key and
+/// when the key's replay window ends.
+pub fn charge_found_by_key<'a>(
+    charge: &'a Charge,
+    key: &'a str,
+    window_end: DateTime<Utc>,
+) -> api::Charge<'a> {
+    api::Charge {
+        idempotency_key: Some(Cow::Borrowed(key)),
+        idempotency_key_expires_at: Some(time(window_end)),
+        ..api::Charge::from(charge)
+    }
+}
+
+/// A refund as a lookup by its key shows it (see `charge_found_by_key`).
+pub fn refund_found_by_key<'a>(
+    refund: &'a Refund,
+    key: &'a str,
+    window_end: DateTime<Utc>,
+) -> api::Refund<'a> {
+    api::Refund {
+        idempotency_key: Some(Cow::Borrowed(key)),
+        idempotency_key_expires_at: Some(time(window_end)),
+        ..api::Refund::from(refund)
     }
 }
 

@@ -5,8 +5,9 @@ use chargeonce_api as api;
 
 use super::auth::AuthenticatedMerchant;
 use super::body::{self, HttpLimits};
+use super::query::PageOrKey;
 use super::{query, render};
-use crate::domain::{ChargeId, MerchantId, NewCharge, RequestFingerprint};
+use crate::domain::{wire, ChargeId, IdempotencyKey, MerchantId, NewCharge, RequestFingerprint};
 use crate::error::ApiError;
 use crate::service::charges::{ChargeReply, Charges};
 
@@ -70,13 +71,17 @@ pub(crate) async fn create_for(
     let reply = charges
         .create(merchant, &key, fingerprint, &new_charge)
         .await?;
-    charge_response(reply)
+    let window_end = charges.window_end(&reply.record);
+    charge_response(reply, window_end)
 }
 
 /// The answer for a charge, from its stored row alone, so a replay renders
 /// the same status and the same bytes as the first answer: the charge as
 /// created, whatever refunds did to it since (`Charge::into_created`).
-fn charge_response(reply: ChargeReply) -> Result<HttpResponse, ApiError> {
+fn charge_response(
+    reply: ChargeReply,
+    window_end: chrono::DateTime<chrono::Utc>,
+) -> Result<HttpResponse, ApiError> {
     let charge = &reply.record.into_created();
     render::created(
         charge.status,
@@ -93,7 +98,22 @@ fn charge_response(reply: ChargeReply) -> Result<HttpResponse, ApiError> {
         },
         format!("/v1/charges/{}", charge.id),
         reply.replayed,
+        window_end,
     )
+}
+
+/// The list of the charge `key` created for `merchant` (zero or one), as
+/// the lookup by key answers it at `url`.
+pub(crate) async fn found_by_key(
+    merchant: MerchantId,
+    charges: &Charges,
+    key: &IdempotencyKey,
+    url: &str,
+) -> Result<HttpResponse, ApiError> {
+    let found = charges.find_by_key(merchant, key).await?;
+    render::page(url.to_owned(), found.as_slice(), 1, |charge| {
+        wire::charge_found_by_key(charge, key.as_str(), charges.window_end(charge))
+    })
 }
 
 /// A charge as it is now (refunds included).
@@ -116,7 +136,15 @@ pub async fn get(
     render::json(&api::Charge::from(&charges.get(merchant, id).await?))
 }
 
-/// The merchant's charges, newest first.
+/// The merchant's charges, newest first; or the one an idempotency key
+/// created.
+///
+/// With `idempotency_key`, the list holds the charge that key created, in
+/// its current state (pending included), with the key and the end of its
+/// replay window; or nothing, if the key names no charge of this merchant
+/// (never used, or released). It reads one row: no processor call, no
+/// lease, nothing created. Use it to learn what happened to a request whose
+/// answer was lost, without sending it again.
 #[utoipa::path(
     get,
     path = "/v1/charges",
@@ -125,6 +153,7 @@ pub async fn get(
     params(
         ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "1 to 100, default 10."),
         ("starting_after" = Option<String>, Query, pattern = "^ch_[0-9a-f]{32}$", description = "The id of the last charge of the previous page."),
+        ("idempotency_key" = Option<String>, Query, pattern = "^[!-~]{1,255}$", description = "Look up the charge this key created (given alone, without `limit` or `starting_after`): zero or one charge. A malformed key is 400 `idempotency_key_invalid`."),
     ),
     responses((status = 200, description = "A page of charges", body = ChargeList)),
     security(("bearerAuth" = [])),
@@ -134,11 +163,14 @@ pub async fn list(
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,
     request: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    let page = query::page(
+    let page = match query::page_or_key(
         request.query_string(),
         ChargeId::parse,
         "a charge id (ch_...)",
-    )?;
+    )? {
+        PageOrKey::Page(page) => page,
+        PageOrKey::Key(key) => return found_by_key(merchant, &charges, &key, "/v1/charges").await,
+    };
     let found = charges
         .list(merchant, page.limit + 1, page.starting_after)
         .await?;

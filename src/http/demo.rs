@@ -22,8 +22,9 @@ use uuid::Uuid;
 
 use super::body::HttpLimits;
 use super::charges;
+use super::query::{self, PageOrKey};
 use crate::db::{self, Database, DbError};
-use crate::domain::MerchantId;
+use crate::domain::{ChargeId, FieldError, MerchantId};
 use crate::error::ApiError;
 use crate::service::charges::Charges;
 use crate::telemetry::error_chain;
@@ -103,6 +104,34 @@ fn embedded_file(content_type: &'static str, body: web::Bytes) -> HttpResponse {
         // and a stale cached module would hide it during development.
         .insert_header((header::CACHE_CONTROL, "no-cache"))
         .body(body)
+}
+
+/// A page of charges, by the name the document gives it.
+type ChargeList = api::List<api::Charge<'static>>;
+
+/// What an idempotency key created for the demo merchant: the demo
+/// backend's forwarding of `GET /v1/charges?idempotency_key=`, which the
+/// page's module asks after a reload before it pays again.
+#[utoipa::path(
+    get,
+    path = "/demo/charges",
+    tag = "demo",
+    operation_id = "lookupDemoCharge",
+    params(("idempotency_key" = String, Query, pattern = "^[!-~]{1,255}$", description = "The key of the payment to look up.")),
+    responses((status = 200, description = "The charge the key created, or none", body = ChargeList)),
+)]
+pub(super) async fn lookup_charge(
+    charges: web::Data<Charges>,
+    request: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    let query = query::page_or_key(request.query_string(), ChargeId::parse, "a charge id")?;
+    let PageOrKey::Key(key) = query else {
+        return Err(ApiError::invalid(
+            "the demo backend only looks charges up by key",
+            vec![FieldError::new("idempotency_key", "required")],
+        ));
+    };
+    charges::found_by_key(demo_merchant(), &charges, &key, "/demo/charges").await
 }
 
 /// The merchant backend's forwarding route, with the demo merchant standing

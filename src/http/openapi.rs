@@ -234,9 +234,24 @@ fn complete(operation: &mut Operation) {
             .responses
             .insert(key, RefOr::T(problem_response(&problems)));
     }
-    let links = links_of(operation.operation_id.as_deref().unwrap_or_default());
+    let operation_id = operation.operation_id.clone().unwrap_or_default();
+    let links = links_of(&operation_id);
+    let key_window = KEYS_WITH_A_WINDOW.contains(&operation_id.as_str());
     for (status, response) in operation.responses.responses.iter_mut() {
         if let RefOr::T(response) = response {
+            if key_window && ["201", "202", "402", "422"].contains(&status.as_str()) {
+                response.headers.insert(
+                    "Idempotency-Key-Expires".to_owned(),
+                    described(
+                        Header::new(string()),
+                        "When the replay window of this request's Idempotency-Key ends, as an \
+                         HTTP date (`Sat, 05 Dec 2026 06:00:00 GMT`): the first answer and every \
+                         replay carry the same. After it, the key answers 422 \
+                         `idempotency_key_expired` (which carries this header too) until it is \
+                         released. Not on a 422 `idempotency_key_reused`.",
+                    ),
+                );
+            }
             for (on, name, target, id) in &links {
                 if on == status {
                     response.links.insert(
@@ -260,6 +275,11 @@ fn complete(operation: &mut Operation) {
         }
     }
 }
+
+/// The creations whose keys have a replay window (`idempotency.retention_hours`):
+/// their answers say when it ends. (A webhook endpoint's key lasts as long as
+/// the endpoint.)
+const KEYS_WITH_A_WINDOW: [&str; 3] = ["createCharge", "createRefund", "createDemoCharge"];
 
 /// What an answer of `operation_id` leads to: (status, link name, operation,
 /// where its `id` parameter comes from). Clients and stateful testing
@@ -300,9 +320,10 @@ fn described(mut header: Header, description: &str) -> Header {
 }
 
 /// Every problem `operation` can answer, by status, derived from what it
-/// declares: any request can be malformed, too slow or too large in its
-/// head, meet a full server or a failure; an API key, a path id, a query, a
-/// body and an `Idempotency-Key` each bring their own.
+/// declares: any request can meet a full server or a failure; an API key,
+/// a path id, a query, a body (which can also be too slow) and an
+/// `Idempotency-Key` each bring their own. A head the HTTP layer cannot
+/// parse gets actix-http's own bare answer, which is no problem document.
 fn problems_of(operation: &Operation) -> BTreeMap<u16, Vec<(&'static str, ApiError)>> {
     let has_parameter = |name: &str, place: ParameterIn| {
         operation.parameters.iter().flatten().any(|parameter| {
@@ -314,22 +335,6 @@ fn problems_of(operation: &Operation) -> BTreeMap<u16, Vec<(&'static str, ApiErr
         .as_ref()
         .is_some_and(|requirements| !requirements.is_empty());
     let mut problems: Vec<(&'static str, ApiError)> = vec![
-        (
-            "malformed_request",
-            ApiError::MalformedRequest {
-                detail: "the header \"X-Note\" contains a control character".to_owned(),
-            },
-        ),
-        (
-            "request_timeout",
-            ApiError::RequestTimeout {
-                detail: "the request head did not arrive within 5000 ms".to_owned(),
-            },
-        ),
-        (
-            "request_header_fields_too_large",
-            ApiError::HeaderFieldsTooLarge,
-        ),
         ("internal_error", ApiError::Internal("example".into())),
         (
             "service_unavailable",
@@ -379,6 +384,12 @@ fn problems_of(operation: &Operation) -> BTreeMap<u16, Vec<(&'static str, ApiErr
             ),
             ("unsupported_media_type", ApiError::UnsupportedMediaType),
             (
+                "request_timeout",
+                ApiError::RequestTimeout {
+                    detail: "the request body did not arrive within 10000 ms".to_owned(),
+                },
+            ),
+            (
                 "request_timeout_body",
                 ApiError::RequestTimeout {
                     detail: "the request body did not arrive within 10000 ms".to_owned(),
@@ -393,7 +404,12 @@ fn problems_of(operation: &Operation) -> BTreeMap<u16, Vec<(&'static str, ApiErr
                 "idempotency_key_invalid",
                 ApiError::IdempotencyKeyInvalid(KeyError::BadCharacter),
             ),
-            ("idempotency_key_reused", ApiError::IdempotencyKeyReused),
+            (
+                "idempotency_key_reused",
+                ApiError::IdempotencyKeyReused {
+                    differing_fields: Some(vec!["amount".to_owned(), "metadata.order".to_owned()]),
+                },
+            ),
             (
                 "idempotency_key_in_use",
                 ApiError::IdempotencyKeyInUse {
@@ -401,6 +417,23 @@ fn problems_of(operation: &Operation) -> BTreeMap<u16, Vec<(&'static str, ApiErr
                 },
             ),
         ]);
+    }
+    let operation_id = operation.operation_id.as_deref().unwrap_or_default();
+    if KEYS_WITH_A_WINDOW.contains(&operation_id) {
+        problems.push((
+            "idempotency_key_expired",
+            ApiError::IdempotencyKeyExpired {
+                object: "ch_0193a5c1e0b37f7aa1e0c2d4b5f6a7b8".to_owned(),
+                window_ended: chrono::DateTime::from_timestamp(1_764_655_200, 0)
+                    .unwrap_or_default(),
+            },
+        ));
+    }
+    if has_parameter("idempotency_key", ParameterIn::Query) {
+        problems.push((
+            "idempotency_key_invalid",
+            ApiError::IdempotencyKeyInvalid(KeyError::BadCharacter),
+        ));
     }
     if operation.operation_id.as_deref() == Some("createRefund") {
         problems.extend([
@@ -434,7 +467,12 @@ pub fn advice(code: &str) -> &'static str {
             "fix the Idempotency-Key header; nothing was processed"
         }
         "idempotency_key_reused" => {
-            "a key names one request: send a new request under a new key; do not retry as is"
+            "a key names one request: send a new request under a new key; do not retry as is \
+             (`differing_fields` names what differs)"
+        }
+        "idempotency_key_expired" => {
+            "the key's replay window has ended: nothing was processed; GET the object the \
+             detail names, and send a new request under a new key; do not retry"
         }
         "idempotency_key_in_use" => {
             "the first request with this key is still being processed: retry the same \
@@ -446,10 +484,7 @@ pub fn advice(code: &str) -> &'static str {
             "nothing was refunded; do not retry as is"
         }
         "method_not_allowed" => "use a method the path has",
-        "payload_too_large" | "unsupported_media_type" | "malformed_request" => {
-            "fix the request; nothing was processed"
-        }
-        "request_header_fields_too_large" => "send fewer or shorter headers",
+        "payload_too_large" | "unsupported_media_type" => "fix the request; nothing was processed",
         "request_timeout" => "send the whole request faster; retry with the same key is safe",
         "service_unavailable" => {
             "nothing was processed: retry after Retry-After seconds, with the same \

@@ -3,7 +3,7 @@
 //! `invalid_request`). A page is `limit` (1..=100, default 10) items after
 //! `starting_after`, the id of the last item of the previous page.
 
-use crate::domain::FieldError;
+use crate::domain::{FieldError, IdempotencyKey};
 use crate::error::ApiError;
 
 pub const DEFAULT_LIMIT: i64 = 10;
@@ -21,6 +21,40 @@ pub struct Params {
 pub struct Page<Id> {
     pub limit: i64,
     pub starting_after: Option<Id>,
+}
+
+/// What a list of charges or refunds is asked for: a page, or the one the
+/// key `idempotency_key` created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PageOrKey<Id> {
+    Page(Page<Id>),
+    Key(IdempotencyKey),
+}
+
+/// The query of a list that can also be looked up by key: a page, or
+/// `idempotency_key` alone (a page's parameters with it are 400). A
+/// malformed key is `idempotency_key_invalid`, as on a creation.
+pub fn page_or_key<Id>(
+    query: &str,
+    parse_id: fn(&str) -> Option<Id>,
+    id: &str,
+) -> Result<PageOrKey<Id>, ApiError> {
+    let mut params = Params::parse(query)?;
+    let Some(key) = params.take("idempotency_key") else {
+        let page = params.page(parse_id, id);
+        params.finish()?;
+        return Ok(PageOrKey::Page(page));
+    };
+    for name in ["limit", "starting_after"] {
+        if params.take(name).is_some() {
+            params.errors.push(FieldError::new(
+                name,
+                "cannot be combined with idempotency_key: a key names one object",
+            ));
+        }
+    }
+    params.finish()?;
+    Ok(PageOrKey::Key(IdempotencyKey::parse(&key)?))
 }
 
 /// The query of a list that takes a page and nothing else. `parse_id`
@@ -166,6 +200,31 @@ mod tests {
             fields("starting_after=ok&limit=5&starting_after=ok"),
             ["starting_after"]
         );
+    }
+
+    #[test]
+    fn a_key_is_looked_up_alone_and_parsed_as_on_a_creation() {
+        let asked = |query: &str| page_or_key(query, |_| Some(()), "ok");
+        assert_eq!(
+            asked("idempotency_key=order-1").ok(),
+            Some(PageOrKey::Key(IdempotencyKey::parse("order-1").unwrap()))
+        );
+        assert!(matches!(
+            asked("limit=5").ok(),
+            Some(PageOrKey::Page(Page { limit: 5, .. }))
+        ));
+        assert!(matches!(
+            asked("idempotency_key=a%20b"),
+            Err(ApiError::IdempotencyKeyInvalid(_))
+        ));
+        match asked("idempotency_key=k&limit=5") {
+            Err(ApiError::InvalidRequest { errors, .. }) => assert_eq!(errors[0].field, "limit"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            asked("idempotency_key=k&idempotency_key=l"),
+            Err(ApiError::InvalidRequest { .. })
+        ));
     }
 
     #[test]

@@ -6,8 +6,9 @@ use chargeonce_api as api;
 
 use super::auth::AuthenticatedMerchant;
 use super::body::{self, HttpLimits};
+use super::query::PageOrKey;
 use super::{query, render};
-use crate::domain::{ChargeId, NewRefund, RefundId, RequestFingerprint};
+use crate::domain::{wire, ChargeId, NewRefund, RefundId, RequestFingerprint};
 use crate::error::ApiError;
 use crate::service::refunds::{RefundReply, Refunds};
 
@@ -65,12 +66,15 @@ pub async fn create(
     let reply = refunds
         .create(merchant, charge, &key, fingerprint, &new_refund)
         .await?;
-    refund_response(&reply)
+    refund_response(&reply, refunds.window_end(&reply.record))
 }
 
 /// The answer for a refund, from its stored row alone, so a replay renders
 /// the same status and bytes as the first answer.
-fn refund_response(reply: &RefundReply) -> Result<HttpResponse, ApiError> {
+fn refund_response(
+    reply: &RefundReply,
+    window_end: chrono::DateTime<chrono::Utc>,
+) -> Result<HttpResponse, ApiError> {
     let refund = &reply.record;
     render::created(
         refund.status,
@@ -87,6 +91,7 @@ fn refund_response(reply: &RefundReply) -> Result<HttpResponse, ApiError> {
         },
         format!("/v1/refunds/{}", refund.id),
         reply.replayed,
+        window_end,
     )
 }
 
@@ -109,7 +114,8 @@ pub async fn get(
     render::json(&api::Refund::from(&refunds.get(merchant, id).await?))
 }
 
-/// `GET /v1/refunds`: the merchant's refunds, newest first.
+/// `GET /v1/refunds`: the merchant's refunds, newest first; or the one an
+/// idempotency key created (see `GET /v1/charges?idempotency_key=`).
 #[utoipa::path(
     get,
     path = "/v1/refunds",
@@ -118,6 +124,7 @@ pub async fn get(
     params(
         ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "1 to 100, default 10."),
         ("starting_after" = Option<String>, Query, pattern = "^re_[0-9a-f]{32}$", description = "The id of the last refund of the previous page."),
+        ("idempotency_key" = Option<String>, Query, pattern = "^[!-~]{1,255}$", description = "Look up the refund this key created (given alone, without `limit` or `starting_after`): zero or one refund, in its current state, with the key and the end of its replay window. A malformed key is 400 `idempotency_key_invalid`."),
     ),
     responses((status = 200, description = "A page of refunds", body = RefundList)),
     security(("bearerAuth" = [])),
@@ -127,7 +134,15 @@ pub async fn list(
     AuthenticatedMerchant(merchant): AuthenticatedMerchant,
     request: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    let page = query::page(request.query_string(), RefundId::parse, REFUND_ID)?;
+    let page = match query::page_or_key(request.query_string(), RefundId::parse, REFUND_ID)? {
+        PageOrKey::Page(page) => page,
+        PageOrKey::Key(key) => {
+            let found = refunds.find_by_key(merchant, &key).await?;
+            return render::page("/v1/refunds".to_owned(), found.as_slice(), 1, |refund| {
+                wire::refund_found_by_key(refund, key.as_str(), refunds.window_end(refund))
+            });
+        }
+    };
     let found = refunds
         .list(merchant, None, page.limit + 1, page.starting_after)
         .await?;

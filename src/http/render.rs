@@ -10,7 +10,7 @@ use chargeonce_api::{List, ListObject, Problem};
 use serde::Serialize;
 
 use crate::domain::Status;
-use crate::error::{problem, ApiError, PROBLEM_JSON};
+use crate::error::{http_date, problem, ApiError, KEY_EXPIRES, PROBLEM_JSON};
 
 /// Set on an answer that belongs to an earlier request with the same key.
 pub const REPLAYED: &str = "idempotent-replayed";
@@ -30,7 +30,9 @@ pub fn json<T: Serialize>(value: &T) -> Result<HttpResponse, ApiError> {
 /// alone: `201` succeeded, `202` pending (the record's public form, `wire`),
 /// `402` failed (the problem document `declined` makes of it). `rendered`
 /// is the public form's JSON if it is at hand already (the replay cache
-/// keeps it): then nothing is rendered again.
+/// keeps it): then nothing is rendered again. `Idempotency-Key-Expires`
+/// says when the key's replay window ends (`window_end`, from the record's
+/// id, so a replay says the same).
 pub fn created<W: Serialize, D: Serialize>(
     status: Status,
     rendered: Option<&str>,
@@ -38,6 +40,7 @@ pub fn created<W: Serialize, D: Serialize>(
     declined: impl FnOnce(W) -> D,
     location: String,
     replayed: bool,
+    window_end: chrono::DateTime<chrono::Utc>,
 ) -> Result<HttpResponse, ApiError> {
     let (code, content_type) = match status {
         Status::Succeeded => (StatusCode::CREATED, "application/json"),
@@ -52,7 +55,8 @@ pub fn created<W: Serialize, D: Serialize>(
     let mut response = HttpResponse::build(code);
     response
         .content_type(content_type)
-        .insert_header((header::LOCATION, location));
+        .insert_header((header::LOCATION, location))
+        .insert_header((KEY_EXPIRES, http_date(window_end)));
     if replayed {
         response.insert_header((REPLAYED, "true"));
     }

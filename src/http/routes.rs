@@ -147,7 +147,8 @@ pub fn api(served: Served) -> Routes {
         routes
             .add::<demo::__path_page, _, _>(demo::page)
             .add::<demo::__path_module, _, _>(demo::module)
-            .add::<demo::__path_create_charge, _, _>(demo::create_charge);
+            .add::<demo::__path_create_charge, _, _>(demo::create_charge)
+            .add::<demo::__path_lookup_charge, _, _>(demo::lookup_charge);
     }
     routes
 }

@@ -17,6 +17,7 @@ use crate::processor::{PaymentProcessor, PaymentRequest, ProcessorReply};
 
 use super::lifecycle::{Kind, Lifecycle, Reply};
 use super::ServiceError;
+use crate::domain::differences::differing_fields;
 
 pub use super::lifecycle::IN_USE_RETRY_AFTER;
 
@@ -102,7 +103,7 @@ impl Charges {
         request: &NewCharge,
     ) -> Result<ChargeReply, ServiceError> {
         if let Some(cached) = self.flow.cached(merchant, key) {
-            same_request(&fingerprint, &cached.record)?;
+            self.same_request(&fingerprint, request, &cached.record)?;
             return Ok(self.flow.replay(cached));
         }
         for _ in 0..MAX_KEY_ROUNDS {
@@ -128,13 +129,48 @@ impl Charges {
                     return Err(error.into());
                 }
             };
-            same_request(&fingerprint, &charge)?;
+            if !created {
+                self.flow.refuse_if_expired(&charge)?;
+            }
+            self.same_request(&fingerprint, request, &charge)?;
             if let Some(mut reply) = self.flow.continue_with(charge, created).await? {
                 self.flow.remember(merchant, key, &mut reply);
                 return Ok(reply);
             }
         }
         Err(ServiceError::KeyContended)
+    }
+
+    /// Same key, different request: a client bug, never executed. The 422
+    /// names the fields that differ from the request the charge was made
+    /// from.
+    fn same_request(
+        &self,
+        fingerprint: &RequestFingerprint,
+        request: &NewCharge,
+        charge: &Charge,
+    ) -> Result<(), ServiceError> {
+        if fingerprint.matches(&charge.fingerprint) {
+            return Ok(());
+        }
+        let differing = charge
+            .first_request()
+            .map(|first| differing_fields(&first, &request.normalised()));
+        Err(self.flow.reused(differing))
+    }
+
+    /// The charge `key` created, as it is now (see `Lifecycle::find_by_key`).
+    pub async fn find_by_key(
+        &self,
+        merchant: MerchantId,
+        key: &IdempotencyKey,
+    ) -> Result<Option<Charge>, ServiceError> {
+        self.flow.find_by_key(merchant, key).await
+    }
+
+    /// When the replay window of the key that created `charge` ends.
+    pub fn window_end(&self, charge: &Charge) -> chrono::DateTime<chrono::Utc> {
+        self.flow.window_end(charge)
     }
 
     pub async fn get(&self, merchant: MerchantId, id: ChargeId) -> Result<Charge, ServiceError> {
@@ -157,16 +193,6 @@ impl Charges {
     pub async fn recover_abandoned(&self, batch: i64) -> Result<usize, ServiceError> {
         self.flow.recover_abandoned(batch).await
     }
-}
-
-/// Same key, different request: a client bug. Never execute it.
-fn same_request(fingerprint: &RequestFingerprint, charge: &Charge) -> Result<(), ServiceError> {
-    if fingerprint.matches(&charge.fingerprint) {
-        return Ok(());
-    }
-    crate::metrics::idempotency("charge", "reused_mismatch");
-    crate::telemetry::record("idempotency", &"reused_mismatch");
-    Err(ServiceError::KeyReused)
 }
 
 /// Charges for the lifecycle engine: a payment call, and outcomes in

@@ -40,6 +40,8 @@ use crate::db::batch::{self, BatchStatement, Batcher};
 use crate::db::records::{self, Stored};
 use crate::db::{Conn, Database, DbError};
 use crate::domain::lifecycle::Record;
+use chrono::{DateTime, Utc};
+
 use crate::domain::{IdempotencyKey, MerchantId, Outcome, Status};
 use crate::metrics;
 use crate::processor::{PaymentProcessor, ProcessorReply};
@@ -129,6 +131,8 @@ pub struct Lifecycle<K: Kind> {
     /// How long a request waits for a concurrent one with the same key to
     /// finish before answering 409.
     in_flight_wait: Duration,
+    /// How long after its first use a key replays (`retention_hours`).
+    window: Duration,
     /// The recovery worker's pace after unknown outcomes.
     retry_base: Duration,
     retry_cap: Duration,
@@ -177,6 +181,7 @@ impl<K: Kind> Clone for Lifecycle<K> {
             processor: self.processor.clone(),
             lease: self.lease,
             in_flight_wait: self.in_flight_wait,
+            window: self.window,
             retry_base: self.retry_base,
             retry_cap: self.retry_cap,
             replays: self.replays.clone(),
@@ -201,6 +206,7 @@ impl<K: Kind> Lifecycle<K> {
             processor,
             lease: idempotency.lease,
             in_flight_wait: idempotency.in_flight_wait,
+            window: idempotency.retention(),
             retry_base: recovery.interval,
             retry_cap: recovery.max_backoff,
             replays: ReplayCache::new(idempotency.replay_cache_bytes, idempotency.retention()),
@@ -225,6 +231,50 @@ impl<K: Kind> Lifecycle<K> {
         records::find(&conn, merchant, id)
             .await?
             .ok_or(ServiceError::NotFound)
+    }
+
+    /// When the replay window of the key that created `record` ends: its
+    /// id's time (the database's, `crate::clock`) and `retention_hours`.
+    pub fn window_end(&self, record: &K::Record) -> DateTime<Utc> {
+        record.id_time() + chrono::Duration::from_std(self.window).unwrap_or(chrono::Duration::MAX)
+    }
+
+    /// Refuses to go on with an existing record whose key's replay window
+    /// has ended (422 `idempotency_key_expired`): neither processed nor
+    /// replayed, whatever was sent. The key stays held until the sweeper
+    /// releases it (`idempotency.expired_key_hold_days`).
+    pub fn refuse_if_expired(&self, record: &K::Record) -> Result<(), ServiceError> {
+        let window_ended = self.window_end(record);
+        if window_ended > crate::clock::now() {
+            return Ok(());
+        }
+        outcome::<K>("expired");
+        Err(ServiceError::KeyExpired {
+            object: record.public_id(),
+            window_ended,
+        })
+    }
+
+    /// The error for a key reused with another request, counted with the
+    /// fields that differ (`None`: they cannot be told).
+    pub fn reused(&self, differing_fields: Option<Vec<String>>) -> ServiceError {
+        outcome::<K>("reused_mismatch");
+        metrics::mismatched_fields(K::NAME, differing_fields.as_deref().unwrap_or_default());
+        ServiceError::KeyReused { differing_fields }
+    }
+
+    /// The record `key` created, as it is now; `None` if the key names
+    /// nothing (never used, or released). Reads one row, by the unique key:
+    /// no lease, no processor call.
+    pub async fn find_by_key(
+        &self,
+        merchant: MerchantId,
+        key: &IdempotencyKey,
+    ) -> Result<Option<K::Record>, ServiceError> {
+        let conn = self.db.conn().await?;
+        let found: Option<K::Record> = records::find_by_key(&conn, merchant, key).await?;
+        metrics::key_lookup(K::NAME, found.is_some());
+        Ok(found)
     }
 
     /// The final record `key` led to, if it is in the replay cache. The

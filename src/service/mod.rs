@@ -28,8 +28,22 @@ pub enum ServiceError {
     Database(#[source] DbError),
     #[error("the database schema is at version {applied:?}, this binary needs {expected}")]
     SchemaBehind { applied: Option<i64>, expected: i64 },
+    /// The key was used with another request: a client bug, never executed.
+    /// `differing_fields` names the fields of the normalised request that
+    /// differ from the first one's (`domain::differences`), when they can
+    /// be told.
     #[error("this idempotency key was already used with a different request")]
-    KeyReused,
+    KeyReused {
+        differing_fields: Option<Vec<String>>,
+    },
+    /// The key's replay window ended: the request is not executed, and
+    /// nothing is replayed. `object` is the public id of what the key
+    /// created.
+    #[error("the replay window of this idempotency key ended at {window_ended}")]
+    KeyExpired {
+        object: String,
+        window_ended: chrono::DateTime<chrono::Utc>,
+    },
     #[error("a request with this idempotency key is still in flight")]
     KeyInUse { retry_after: Duration },
     /// The key was released and taken again while this request looked it up,

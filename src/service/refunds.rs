@@ -19,6 +19,7 @@ use crate::processor::{PaymentProcessor, ProcessorReply, RefundRequest};
 
 use super::lifecycle::{Kind, Lifecycle, Reply};
 use super::ServiceError;
+use crate::domain::differences::differing_fields;
 
 /// A refund to answer with (see `lifecycle::Reply`).
 pub type RefundReply = Reply<Refund>;
@@ -60,7 +61,7 @@ impl Refunds {
         request: &NewRefund,
     ) -> Result<RefundReply, ServiceError> {
         if let Some(cached) = self.flow.cached(merchant, key) {
-            same_request(&fingerprint, charge, &cached.record)?;
+            self.same_request(&fingerprint, charge, request, &cached.record)?;
             return Ok(self.flow.replay(cached));
         }
         for _ in 0..MAX_KEY_ROUNDS {
@@ -98,7 +99,10 @@ impl Refunds {
                     return Err(error.into());
                 }
             };
-            same_request(&fingerprint, charge, &refund)?;
+            if !created {
+                self.flow.refuse_if_expired(&refund)?;
+            }
+            self.same_request(&fingerprint, charge, request, &refund)?;
             if let Some(mut reply) = self.flow.continue_with(refund, created).await? {
                 self.flow.remember(merchant, key, &mut reply);
                 return Ok(reply);
@@ -129,25 +133,48 @@ impl Refunds {
         Ok(db::refunds::list(&conn, merchant, charge, limit, starting_after).await?)
     }
 
+    /// The key belongs to another refund request (or to a refund of
+    /// another charge): a client bug, never executed. The 422 names the
+    /// fields that differ (`charge` for another charge).
+    fn same_request(
+        &self,
+        fingerprint: &RequestFingerprint,
+        charge: ChargeId,
+        request: &NewRefund,
+        refund: &Refund,
+    ) -> Result<(), ServiceError> {
+        let same_charge = refund.charge_id == charge;
+        if same_charge && fingerprint.matches(&refund.fingerprint) {
+            return Ok(());
+        }
+        let differing = refund.first_request().map(|first| {
+            let mut fields = differing_fields(&first, &request.normalised());
+            if !same_charge {
+                fields.insert(0, "charge".to_owned());
+            }
+            fields
+        });
+        Err(self.flow.reused(differing))
+    }
+
+    /// The refund `key` created, as it is now (see `Lifecycle::find_by_key`).
+    pub async fn find_by_key(
+        &self,
+        merchant: MerchantId,
+        key: &IdempotencyKey,
+    ) -> Result<Option<Refund>, ServiceError> {
+        self.flow.find_by_key(merchant, key).await
+    }
+
+    /// When the replay window of the key that created `refund` ends.
+    pub fn window_end(&self, refund: &Refund) -> chrono::DateTime<chrono::Utc> {
+        self.flow.window_end(refund)
+    }
+
     /// Finishes abandoned refunds; see `Lifecycle::recover_abandoned`.
     pub async fn recover_abandoned(&self, batch: i64) -> Result<usize, ServiceError> {
         self.flow.recover_abandoned(batch).await
     }
-}
-
-/// The key belongs to another refund (or another charge's): a client bug.
-/// Never execute it.
-fn same_request(
-    fingerprint: &RequestFingerprint,
-    charge: ChargeId,
-    refund: &Refund,
-) -> Result<(), ServiceError> {
-    if fingerprint.matches(&refund.fingerprint) && refund.charge_id == charge {
-        return Ok(());
-    }
-    crate::metrics::idempotency("refund", "reused_mismatch");
-    crate::telemetry::record("idempotency", &"reused_mismatch");
-    Err(ServiceError::KeyReused)
 }
 
 /// Refunds for the lifecycle engine: a refund call, and outcomes one at a

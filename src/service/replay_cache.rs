@@ -2,19 +2,21 @@
 //!
 //! Why this is safe: a charge or refund that reached a final status never
 //! changes what its creation answers (`Charge::into_created`: later refunds
-//! do not show in a replay), and its key stays bound to it until the sweeper
-//! releases the key after `idempotency.retention_hours`. So an entry keyed by
+//! do not show in a replay), and its key replays it until its replay window
+//! (`idempotency.retention_hours`) ends; after that the key answers 422
+//! expired, and later the sweeper releases it. So an entry keyed by
 //! (merchant, key) can answer any later request with that key, on any
-//! instance, until shortly before the release:
+//! instance, until shortly before the window ends:
 //!
 //! - only final records go in; a pending one is never cached (its answer
 //!   is still to come);
 //! - the entry holds the record's fingerprint, so a different request with
 //!   the same key still gets 422 (the caller compares, as with a row);
-//! - an entry expires `RELEASE_MARGIN` before the key's release by this
-//!   process's clock, so a key used again after retention always reaches
-//!   the database. The margin covers clock skew between instances and the
-//!   sweeper's interval only ever makes the release later;
+//! - an entry expires `RELEASE_MARGIN` before the key's window ends by the
+//!   database's clock (`crate::clock`), so a key used after its window
+//!   always reaches the database, which answers it expired (or, once
+//!   released, as a new request). The margin covers what is left of clock
+//!   skew; the sweeper's interval only ever makes a release later;
 //! - the cache is bounded by an estimate of its entries' bytes
 //!   (`idempotency.replay_cache_bytes`; 0 turns it off), least recently
 //!   used out first.
@@ -33,7 +35,7 @@ use moka::Expiry;
 use crate::domain::lifecycle::Record;
 use crate::domain::{IdempotencyKey, MerchantId, Status};
 
-/// How long before its key's release an entry goes.
+/// How long before its key's replay window ends an entry goes.
 pub const RELEASE_MARGIN: Duration = Duration::from_secs(300);
 
 /// What every entry costs besides its record's own heap data: the key's
@@ -145,9 +147,9 @@ impl<R: Record> ReplayCache<R> {
         Some(json)
     }
 
-    /// Time until `RELEASE_MARGIN` before the key's release; `None` if that
-    /// has passed. The release is counted from the earlier of the row's
-    /// creation time and its id's, as the sweeper counts from the id.
+    /// Time until `RELEASE_MARGIN` before the key's window ends; `None` if
+    /// that has passed. The window is counted from the earlier of the row's
+    /// creation time and its id's (the service counts from the id).
     fn lifetime_left(&self, record: &R) -> Option<Duration> {
         let created = record.created_at().min(record.id_time());
         let expires = created + self.retention.checked_sub(RELEASE_MARGIN)?;

@@ -77,7 +77,9 @@ impl WebhookEndpoints {
         };
         // Same key, different request: a client bug. Never act on it.
         if !fingerprint.matches(&endpoint.fingerprint) {
-            return Err(ServiceError::KeyReused);
+            return Err(ServiceError::KeyReused {
+                differing_fields: None,
+            });
         }
         Ok(EndpointReply {
             endpoint,

@@ -1,8 +1,8 @@
-//! The retention sweeper: releases idempotency keys (of charges and of
-//! refunds) older than
-//! `idempotency.retention_hours`, in bounded batches, so the unique index
-//! stays small and a key may be used again after the retention window. The
-//! charges themselves stay.
+//! The key sweeper: releases the idempotency keys of charges and refunds
+//! once their replay window (`idempotency.retention_hours`) and the hold
+//! after it (`idempotency.expired_key_hold_days`) have passed, by the
+//! database's clock, in bounded batches, so the unique index stays small and
+//! a key may name a new request. The charges and refunds themselves stay.
 
 use tokio_util::sync::CancellationToken;
 
@@ -38,11 +38,11 @@ pub async fn run(db: Database, settings: IdempotencySettings, stop: Cancellation
 
 /// One round: releases expired keys batch by batch; returns how many.
 pub async fn sweep(db: &Database, settings: &IdempotencySettings) -> Result<u64, ServiceError> {
-    let retention =
-        chrono::Duration::from_std(settings.retention()).unwrap_or(chrono::Duration::MAX);
+    let release_after =
+        chrono::Duration::from_std(settings.release_after()).unwrap_or(chrono::Duration::MAX);
     let conn = db.conn().await?;
     // The database's clock, as for every time rule (`crate::clock`).
-    let cutoff = db::database_now(&conn).await? - retention;
+    let cutoff = db::database_now(&conn).await? - release_after;
     let batch = settings.sweep_batch_size;
     let mut total = 0;
     for _ in 0..MAX_BATCHES_PER_ROUND {

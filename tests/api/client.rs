@@ -280,6 +280,80 @@ async fn a_reused_key_with_another_body_fails_at_once_without_retrying() {
     );
 }
 
+/// The client names what differs in a reused key's request, finds what a
+/// key created without sending it again, and treats an expired key as
+/// final: one request, no retry, never a second charge.
+#[tokio::test]
+async fn the_client_finds_by_key_and_takes_an_expired_key_as_final() {
+    let service = Service::plain().await;
+    let policy = RetryPolicy {
+        initial_backoff: Duration::from_secs(2),
+        ..RetryPolicy::default()
+    };
+    let client = service.client(&service.process.url, policy);
+    let key = IdempotencyKey::new();
+    assert!(client.find_by_key(&key).await.unwrap().is_none());
+    let first = client
+        .create_charge_with_key(&NewCharge::new(1_000, "USD"), key.clone())
+        .await
+        .unwrap();
+    let found = client.find_by_key(&key).await.unwrap().expect("found");
+    assert_eq!(found.id, first.id);
+    assert_eq!(found.idempotency_key.as_deref(), Some(key.as_str()));
+    assert!(found.idempotency_key_expires_at.is_some());
+    let reused = client
+        .create_charge_with_key(&NewCharge::new(2_000, "USD"), key.clone())
+        .await
+        .unwrap_err();
+    let Error::KeyReused {
+        differing_fields, ..
+    } = &reused
+    else {
+        panic!("{reused:?}")
+    };
+    assert_eq!(differing_fields, &["amount"]);
+
+    // A charge whose key's window ended a day ago.
+    let expired = IdempotencyKey::new();
+    let two_days_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        - 48 * 3600;
+    let old_id = Uuid::new_v7(uuid::Timestamp::from_unix(uuid::NoContext, two_days_ago, 0));
+    service
+        .db
+        .client()
+        .await
+        .execute(
+            "INSERT INTO charges (id, merchant_id, client_idempotency_key, request_fingerprint, \
+                                  amount, currency, status) \
+             SELECT $1, id, $2, sha256('x'), 1000, 'USD', 'succeeded' FROM merchants",
+            &[&old_id, &expired.as_str()],
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let error = client
+        .create_charge_with_key(&NewCharge::new(1_000, "USD"), expired.clone())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, Error::KeyExpired { window_ended: Some(end), .. } if end.ends_with(" GMT")),
+        "{error:?}"
+    );
+    assert!(!error.is_retryable());
+    assert!(started.elapsed() < Duration::from_secs(1), "not retried");
+    assert_eq!(
+        service.charge_posts(3).await,
+        [201, 422, 422],
+        "one request each"
+    );
+    let found = client.find_by_key(&expired).await.unwrap().expect("found");
+    assert_eq!(found.id, format!("ch_{}", old_id.simple()));
+    assert_eq!(service.rows().await.len(), 2, "no second charge");
+}
+
 #[tokio::test]
 async fn a_declined_charge_is_returned_as_declined_after_one_request() {
     let service = Service::plain().await;

@@ -9,6 +9,7 @@ import assert from 'node:assert/strict';
 import {
   PaymentPendingError,
   forgetPending,
+  lookup,
   pendingPayment,
   resumePending,
   startPayment,
@@ -35,15 +36,18 @@ class MemoryStorage {
 
 /**
  * A fetch that answers from `script`, one entry per request: a status, a
- * `[status, headers]` pair, the string 'network' (the request fails), or
- * 'hang' (no answer until aborted). Records every request, with what was
- * stored at the moment it was sent.
+ * `[status, headers, body]` triple (headers and body optional), the string
+ * 'network' (the request fails), 'hang' (no answer until aborted), or
+ * `{lookup: charge}` for a lookup by key (a GET) that finds `charge` (null:
+ * nothing). Records every request, with what was stored at the moment it
+ * was sent.
  */
 function scriptedFetch(script, storage, storageKey) {
   const calls = [];
   const fetch = async (url, init) => {
     calls.push({
       url,
+      method: init.method,
       at: Date.now(),
       key: init.headers['Idempotency-Key'],
       body: init.body,
@@ -61,10 +65,19 @@ function scriptedFetch(script, storage, storageKey) {
         init.signal.addEventListener('abort', () => reject(new DOMException('aborted', 'AbortError')));
       });
     }
-    const [status, headers] = Array.isArray(step) ? step : [step, {}];
-    const body = status === 402
+    if (step.lookup !== undefined) {
+      assert.equal(init.method, 'GET', `request #${calls.length} is a lookup`);
+      const data = step.lookup === null ? [] : [step.lookup];
+      return new Response(JSON.stringify({ object: 'list', has_more: false, data }), {
+        status: 200,
+        headers: { 'Content-Type': 'application/json' },
+      });
+    }
+    assert.equal(init.method, 'POST', `request #${calls.length} is a payment`);
+    const [status, headers = {}, scriptedBody] = Array.isArray(step) ? step : [step];
+    const body = scriptedBody ?? (status === 402
       ? { type: 'urn:chargeonce:problem:card_declined', code: 'card_declined', status }
-      : { object: 'charge', id: 'ch_1', status: status === 202 ? 'pending' : 'succeeded' };
+      : { object: 'charge', id: 'ch_1', status: status === 202 ? 'pending' : 'succeeded' });
     return new Response(JSON.stringify(body), {
       status,
       headers: { 'Content-Type': status >= 400 ? 'application/problem+json' : 'application/json', ...headers },
@@ -179,7 +192,9 @@ test('Retry-After is honoured', async () => {
 });
 
 test('after maxAttempts it gives up, keeps the payment, and resumePending finishes it with the same key', async () => {
-  const { options, calls, stored } = setUp([503, 'network', 503, 201], { maxAttempts: 3 });
+  const { options, calls, stored } = setUp([503, 'network', 503, { lookup: null }, 201], {
+    maxAttempts: 3,
+  });
   const first = await startPayment(BODY, options);
   assert.equal(first.final, false);
   assert.equal(first.status, 503);
@@ -190,7 +205,9 @@ test('after maxAttempts it gives up, keeps the payment, and resumePending finish
   assert.equal(second.final, true);
   assert.equal(second.status, 201);
   assert.equal(second.key, first.key);
-  assert.equal(calls[3].body, calls[0].body);
+  assert.equal(calls[3].method, 'GET', 'looked up first');
+  assert.equal(calls[4].key, first.key);
+  assert.equal(calls[4].body, calls[0].body);
   assert.equal(pendingPayment(options), null);
 });
 
@@ -266,34 +283,107 @@ test('resumePending with nothing stored resolves with null and sends nothing', a
   assert.equal(calls.length, 0);
 });
 
-test('a stored payment older than the retention window is reported and cleared, not sent', async () => {
-  const { options, calls, storage } = setUp([]);
+test('a stored payment older than the retention window is looked up, reported and cleared, not sent', async () => {
+  const { options, calls, storage } = setUp([{ lookup: null }]);
   const entry = { key: 'old-key', body: BODY, startedAt: Date.now() - 25 * HOUR };
   storage.setItem(options.storageKey, JSON.stringify(entry));
-  assert.deepEqual(await resumePending(options), { expired: entry });
-  assert.equal(calls.length, 0);
+  assert.deepEqual(await resumePending(options), { expired: entry, charge: null });
+  assert.deepEqual(calls.map((call) => call.method), ['GET']);
   assert.equal(pendingPayment(options), null);
 });
 
+test('an expired stored payment is reported with the charge its key made', async () => {
+  const charge = { object: 'charge', id: 'ch_old', status: 'succeeded' };
+  const { options, calls, storage } = setUp([{ lookup: charge }]);
+  const entry = { key: 'old-key', body: BODY, startedAt: Date.now() - 25 * HOUR };
+  storage.setItem(options.storageKey, JSON.stringify(entry));
+  assert.deepEqual(await resumePending(options), { expired: entry, charge });
+  assert.equal(calls.length, 1);
+});
+
 test('the retention window is an option', async () => {
-  const { options, calls, storage } = setUp([201], { retentionMs: 2 * HOUR });
+  const { options, calls, storage } = setUp([{ lookup: null }, 201], { retentionMs: 2 * HOUR });
   const entry = { key: 'recent-key', body: BODY, startedAt: Date.now() - HOUR };
   storage.setItem(options.storageKey, JSON.stringify(entry));
   const result = await resumePending(options);
   assert.equal(result.key, 'recent-key');
-  assert.equal(calls.length, 1);
+  assert.deepEqual(calls.map((call) => call.method), ['GET', 'POST']);
 
-  const expired = setUp([], { retentionMs: HOUR / 2 });
+  const expired = setUp([{ lookup: null }], { retentionMs: HOUR / 2 });
   expired.storage.setItem(expired.options.storageKey, JSON.stringify(entry));
-  assert.deepEqual(await resumePending(expired.options), { expired: entry });
+  assert.deepEqual(await resumePending(expired.options), { expired: entry, charge: null });
+});
+
+test('after a reload a charge found final is reported without posting again', async () => {
+  const charge = { object: 'charge', id: 'ch_9', status: 'failed', failure_code: 'card_declined' };
+  const { options, calls, storage } = setUp([{ lookup: charge }]);
+  const entry = { key: 'lost-answer', body: BODY, startedAt: Date.now() - HOUR };
+  storage.setItem(options.storageKey, JSON.stringify(entry));
+  assert.deepEqual(await resumePending(options), {
+    status: 200,
+    body: charge,
+    key: 'lost-answer',
+    final: true,
+    lookedUp: true,
+  });
+  assert.deepEqual(calls.map((call) => call.method), ['GET']);
+  assert.match(calls[0].url, /[?&]idempotency_key=lost-answer$/);
+  assert.equal(pendingPayment(options), null);
+});
+
+test('after a reload a pending or unknown charge is posted again with its key', async () => {
+  const pending = { object: 'charge', id: 'ch_9', status: 'pending' };
+  for (const found of [{ lookup: pending }, { lookup: null }, 'network']) {
+    const { options, calls, storage } = setUp([found, 201]);
+    const entry = { key: 'resume-me', body: BODY, startedAt: Date.now() - HOUR };
+    storage.setItem(options.storageKey, JSON.stringify(entry));
+    const result = await resumePending(options);
+    assert.equal(result.status, 201, JSON.stringify(found));
+    assert.equal(calls[1].method, 'POST');
+    assert.equal(calls[1].key, 'resume-me');
+    assert.deepEqual(JSON.parse(calls[1].body), BODY);
+  }
+});
+
+test('lookups can be turned off', async () => {
+  const { options, calls, storage } = setUp([201], { lookupUrl: null });
+  const entry = { key: 'no-lookup', body: BODY, startedAt: Date.now() - HOUR };
+  storage.setItem(options.storageKey, JSON.stringify(entry));
+  assert.equal((await resumePending(options)).status, 201);
+  assert.deepEqual(calls.map((call) => call.method), ['POST']);
+  await assert.rejects(lookup('k', options), /lookups are off/);
+});
+
+test('lookup(key) asks by key and sends nothing that could charge', async () => {
+  const charge = { object: 'charge', id: 'ch_7', status: 'succeeded' };
+  const { options, calls } = setUp([{ lookup: charge }, { lookup: null }], { lookupUrl: '/orders/charge' });
+  assert.deepEqual(await lookup('order-1001', options), charge);
+  assert.equal(await lookup('order 1002', options), null);
+  assert.equal(calls[0].url, 'http://localhost/orders/charge?idempotency_key=order-1001');
+  assert.equal(calls[1].url, 'http://localhost/orders/charge?idempotency_key=order+1002');
+  assert.deepEqual(calls.map((call) => [call.method, call.key, call.body]), [
+    ['GET', undefined, undefined],
+    ['GET', undefined, undefined],
+  ]);
+});
+
+test('422 idempotency_key_expired is final, never retried, and flagged', async () => {
+  const expired = { code: 'idempotency_key_expired', status: 422, detail: 'window ended' };
+  const { options, calls } = setUp([[422, {}, expired]]);
+  const result = await startPayment(BODY, options);
+  assert.equal(result.final, true);
+  assert.equal(result.keyExpired, true);
+  assert.equal(result.status, 422);
+  assert.equal(calls.length, 1);
+  assert.equal(pendingPayment(options), null);
 });
 
 test('an expired stored payment blocks startPayment until resumePending reports it', async () => {
-  const { options, storage } = setUp([201]);
+  const { options, storage } = setUp([{ lookup: null }, 201]);
   const entry = { key: 'old-key', body: BODY, startedAt: Date.now() - 25 * HOUR };
   storage.setItem(options.storageKey, JSON.stringify(entry));
   await assert.rejects(startPayment(BODY, options), PaymentPendingError);
-  assert.deepEqual(await resumePending(options), { expired: entry });
+  assert.deepEqual(await resumePending(options), { expired: entry, charge: null });
   const result = await startPayment(BODY, options);
   assert.notEqual(result.key, 'old-key');
 });

@@ -156,6 +156,36 @@ test('a decline (402) is shown and clears the stored key', async () => {
   await close();
 });
 
+test('a reload after the answer was lost finds the charge by its key and pays nothing again', async () => {
+  const key = crypto.randomUUID();
+  const body = { amount: 2500, currency: 'USD', description: 'Demo checkout' };
+  // The payment reached the server, but its answer never reached the page.
+  const answer = await fetch(`${SERVICE_URL}/demo/charges`, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', 'Idempotency-Key': key },
+    body: JSON.stringify(body),
+  });
+  assert.equal(answer.status, 201);
+  const made = await answer.json();
+  const before = await chargeCount();
+
+  const { page, posts, close } = await openCheckout();
+  await page.evaluate(([name, value]) => localStorage.setItem(name, value), [
+    STORAGE_KEY,
+    JSON.stringify({ key, body, startedAt: Date.now() - 60_000 }),
+  ]);
+  await page.reload();
+  const shown = await settled(page);
+
+  assert.equal(shown.state, 'done');
+  assert.equal(shown.status, 'succeeded');
+  assert.equal(shown.chargeId, made.id);
+  assert.equal(shown.stored, null);
+  assert.deepEqual(posts, [], 'nothing posted after the lookup');
+  assert.equal(await chargeCount(), before);
+  await close();
+});
+
 test('a stored payment older than the retention window is reported, not sent', async () => {
   const before = await chargeCount();
   const { page, posts, close } = await openCheckout();

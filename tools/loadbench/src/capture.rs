@@ -208,7 +208,8 @@ mod tests {
 
     #[test]
     fn the_request_path_must_be_what_the_script_runs() {
-        let (insert, outcome) = (charges::INSERT_OR_FIND_MANY.sql, charges::STATEMENTS.record_outcome.sql);
+        let (insert, outcome) =
+            (charges::INSERT_OR_FIND_MANY.sql, charges::STATEMENTS.record_outcome.sql);
         let captured = |rows: &[(&str, i64)]| {
             Captured::new(rows.iter().map(|(t, c)| ((*t).to_owned(), *c)).collect(), 100)
         };
