@@ -591,7 +591,8 @@ mod tests {
         }
     }
 
-    /// What README's "Running behind PgBouncer" asks for is accepted.
+    /// What docs/operations.md's "Running behind PgBouncer" asks for is
+    /// accepted.
     #[test]
     fn the_settings_for_pgbouncer_load() {
         let settings = load(&[

@@ -212,7 +212,8 @@ fn describe() {
 /// recorder's registry per label set and thread, then kept: a lookup by
 /// name and labels costs more than the rest of recording (it hashes and
 /// compares the labels, and `http_request` allocated six strings for it),
-/// about 5 % of a cached replay's instructions (BENCHMARKS.md, round 7).
+/// about 5 % of a cached replay's instructions (BENCHMARKS.md, "The access
+/// log's cost").
 /// Nothing is kept until the recorder is installed: a handle taken before
 /// would stay the no-op one.
 mod handles {

@@ -59,7 +59,7 @@ pub const DISPATCHER_CONNECTIONS: usize = 4;
 /// would hand every query to a connection driven by another (or by the
 /// background runtime) and wait for that thread to wake up, twice per query.
 /// Per-thread pools keep a request and its connection on one thread: no
-/// cross-thread wake-ups (BENCHMARKS.md, history, has the numbers).
+/// cross-thread wake-ups (BENCHMARKS.md, "A pool per HTTP worker thread").
 fn worker_database(
     database: &DatabaseSettings,
     connections: usize,

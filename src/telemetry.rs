@@ -4,7 +4,7 @@
 //! every `FLUSH_INTERVAL`. So a request neither blocks on a slow or full
 //! stderr (a pipe nobody drains) nor wakes another thread for every line,
 //! which on a busy 2-core machine cost a quarter of the replay throughput
-//! (BENCHMARKS.md, history). If stderr stalls for long, the buffer stops at
+//! (BENCHMARKS.md, "The access log's cost"). If stderr stalls for long, the buffer stops at
 //! `MAX_BUFFERED` bytes and later lines are counted and dropped, not queued
 //! without bound.
 
@@ -111,7 +111,7 @@ pub fn init(format: LogFormat) -> Option<LogGuard> {
 /// (RFC 3339, UTC, microseconds: `2026-12-03T00:03:23.610168Z`), with the
 /// part up to the second formatted once a second per thread rather than
 /// for every line: that formatting was 2.4k of a cached replay's 105k
-/// instructions (BENCHMARKS.md, round 7).
+/// instructions (BENCHMARKS.md, "The access log's cost").
 struct Clock;
 
 thread_local! {

@@ -5,7 +5,7 @@
 // secret API key and forwards the `Idempotency-Key` header and the body to
 // chargeonce. A secret key never belongs in a browser.
 //
-// The rules it follows (README, "Client side"):
+// The rules it follows (docs/clients.md):
 // - One idempotency key per logical payment, made when the user starts it,
 //   and written to localStorage with the body *before* the first request, so
 //   a reload or a crashed tab can finish the same payment with the same key

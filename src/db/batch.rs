@@ -40,8 +40,9 @@ use crate::domain::MerchantId;
 /// (planning, preparing the table's checks, a commit) fewer times and keep
 /// fewer backends competing for the database's cores: one slot instead of
 /// two made new charges at 32 clients 3,824/s instead of 3,186/s, p99 16 ms
-/// instead of 18 (BENCHMARKS.md). The other connections stay free for the
-/// other statements of a request.
+/// instead of 18 (BENCHMARKS.md, "Batching across requests, without a
+/// timer"). The other connections stay free for the other statements of a
+/// request.
 pub fn slots(db: &Database) -> usize {
     (db.pool().status().max_size / 8).max(1)
 }

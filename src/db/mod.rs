@@ -218,7 +218,7 @@ impl Database {
             .max_size(max_size)
             // The connection used last is used next: at low load a request
             // finds a PostgreSQL backend whose caches are warm instead of
-            // cycling through all of them (BENCHMARKS.md, history).
+            // cycling through all of them (BENCHMARKS.md, "LIFO pools").
             .queue_mode(QueueMode::Lifo)
             .timeouts(Timeouts {
                 wait: timeout,

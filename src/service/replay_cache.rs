@@ -46,7 +46,7 @@ pub const RELEASE_MARGIN: Duration = Duration::from_secs(300);
 /// in all; this overhead brings the weight to that (BENCHMARKS.md). The
 /// rendered JSON, kept since, is weighed by its length on top: about 330
 /// bytes more per charge, so 32 MiB now hold about 25,000 charges. The
-/// weight errs high: measured in round 9, a full 32 MiB cache held about
+/// weight errs high: measured by hand, a full 32 MiB cache held about
 /// 26 MB (about 1,035 bytes per charge against a weight of about 1,310).
 const ENTRY_OVERHEAD: usize = 700;
 

@@ -213,7 +213,7 @@ mod tests {
         for workload in [Workload::New, Workload::Mix] {
             let (first, later) = (draw(workload, 0), draw(workload, 1));
             let repeated = later.iter().filter(|k| pooled(k).is_none() && first.contains(k));
-            assert_eq!(repeated.count(), 0, "round 1 of {workload:?} repeats a new key");
+            assert_eq!(repeated.count(), 0, "the second round of {workload:?} repeats a new key");
         }
         assert_ne!(draw(Workload::Replay, 0), draw(Workload::Replay, 1));
     }
