@@ -136,7 +136,7 @@ citus_build() {
 citus_psql() {
     local node=$1 database=$2
     shift 2
-    psql -X -w -v ON_ERROR_STOP=1 -h "$CITUS_HOST" -p "${CITUS_PORTS[$node]}" -U postgres \
+    PGOPTIONS='-c client_min_messages=warning' psql -X -w -v ON_ERROR_STOP=1 -h "$CITUS_HOST" -p "${CITUS_PORTS[$node]}" -U postgres \
         -d "$database" -Atq "$@"
 }
 
