@@ -183,6 +183,8 @@ wal_level = logical
 fsync = off
 synchronous_commit = off
 full_page_writes = off
+# Which database a line is about: the test suite makes one per test.
+log_line_prefix = '%m [%p] %q%u@%d '
 EOF
     fi
 

@@ -189,6 +189,9 @@ impl TestDatabase {
             })
             .await;
         let name = new_name();
+        // The nodes' logs name the database of each line: this says which
+        // test it was (shown for a failing test).
+        eprintln!("test database on Citus: {name}");
         let url = with_database(admin_url, &name);
         // From here on a panic leaves nothing behind: the value drops the
         // database wherever it was created.
