@@ -116,6 +116,7 @@ citus_build() {
     [[ -w "$("$pg_config" --pkglibdir)" && -w "$("$pg_config" --sharedir)/extension" ]] ||
         die "installing Citus writes to $("$pg_config" --pkglibdir): run scripts/citus up as root (e.g. with sudo)"
 
+    local started=$SECONDS
     build="$CITUS_ROOT/build"
     rm -rf "$build"
     mkdir -p "$build"
@@ -129,7 +130,7 @@ citus_build() {
     fi
     rm -rf "$build"
     citus_installed "$bin_dir" || die "Citus was built but is not found where PostgreSQL looks for it"
-    say "Citus $CITUS_VERSION installed for $("$bin_dir/postgres" --version)"
+    say "Citus $CITUS_VERSION built and installed for $("$bin_dir/postgres" --version) in $((SECONDS - started)) s"
 }
 
 # Runs SQL on node $1 (an index into CITUS_NODES) in database $2.
