@@ -54,8 +54,9 @@ pub const TABLES: [(&str, Placement); 9] = [
 ];
 
 /// The migration after which a Citus database is distributed: V8 creates
-/// `place_table`, and V6's statement trigger with a transition table on
-/// `events`, which Citus refuses on a distributed table, is gone by then.
+/// `place_table`, and V7 has removed V6's statement trigger with a
+/// transition table on `events`, which Citus refuses on a distributed table
+/// ("cannot distribute relation "events" because it has triggers").
 const DISTRIBUTED_FROM: u32 = 8;
 
 /// Applies the migrations up to [`DISTRIBUTED_FROM`], distributes the
