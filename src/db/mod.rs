@@ -9,6 +9,7 @@
 
 pub mod batch;
 pub mod charges;
+pub mod citus;
 mod codec;
 mod connect;
 pub mod events;
@@ -537,7 +538,7 @@ pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, DbError> {
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
         .await?;
-    let report = embedded::migrations::runner().run_async(&mut client).await;
+    let applied = citus::migrate(&mut client, embedded::migrations::runner).await;
     // Closing the session would release the lock too; unlock explicitly so a
     // pooled or proxied connection never keeps it.
     let unlocked = client
@@ -545,7 +546,7 @@ pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, DbError> {
         .await;
     drop(client);
     let _ = connection.await;
-    let applied = report?.applied_migrations().len();
+    let applied = applied?;
     unlocked?;
     Ok(applied)
 }

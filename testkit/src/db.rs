@@ -6,6 +6,14 @@
 //! The template's name carries a digest of the migration files, so a changed
 //! migration gets a new template; runs in parallel (several test binaries, or
 //! several clones on one server) build it once under an advisory lock.
+//!
+//! On a Citus coordinator (`scripts/citus up`: the admin database has the
+//! `citus` extension and the workers registered) there is no template: a
+//! Citus database cannot be one, its maintenance daemon stays connected to
+//! it. Each test database is made the way Citus makes any database (its
+//! metadata is per database): created on the coordinator and on every
+//! worker, with the extension in each and the workers registered, then
+//! migrated, which distributes the tables (`chargeonce::db::citus`).
 
 use std::future::Future;
 use std::path::Path;
@@ -95,6 +103,9 @@ pub struct TestDatabase {
     pub url: String,
     /// The server's admin URL it was made with, and is dropped with.
     admin: String,
+    /// On Citus, the workers' admin URLs: the database is on each of them
+    /// too, and dropped there after the coordinator's.
+    workers: Vec<String>,
 }
 
 impl TestDatabase {
@@ -110,27 +121,40 @@ impl TestDatabase {
     }
 
     /// A database with the schema of `migrations_dir`, cloned from a template
-    /// that `migrate(url)` builds once per run.
+    /// that `migrate(url)` builds once per run; on Citus, made empty and
+    /// migrated by `migrate(url)` itself.
     pub async fn migrated<F, Fut>(migrations_dir: &Path, migrate: F) -> Self
     where
         F: FnOnce(String) -> Fut,
         Fut: Future<Output = Result<(), String>>,
     {
+        static WORKERS: OnceCell<Vec<String>> = OnceCell::const_new();
+        let admin_url = admin_url();
+        let workers = WORKERS.get_or_init(|| citus_workers(&admin_url)).await;
+        if !workers.is_empty() {
+            let database = Self::create_on_citus(&admin_url, workers.clone()).await;
+            migrate(database.url.clone())
+                .await
+                .unwrap_or_else(|e| panic!("migrating {} on Citus: {e}", database.name));
+            return database;
+        }
         static TEMPLATE: OnceCell<String> = OnceCell::const_new();
         let template = TEMPLATE
             .get_or_init(|| build_template(migrations_dir, migrate))
             .await;
-        Self::create(&admin_url(), Some(template)).await
+        Self::create(&admin_url, Some(template)).await
     }
 
     async fn create(admin_url: &str, template: Option<&str>) -> Self {
+        if template.is_none() {
+            let workers = citus_workers(admin_url).await;
+            if !workers.is_empty() {
+                return Self::create_on_citus(admin_url, workers).await;
+            }
+        }
         let admin = connect(admin_url).await;
         sweep_once(&admin).await;
-        let name = format!(
-            "{TEST_PREFIX}{}_{}",
-            unix_now(),
-            &uuid::Uuid::new_v4().simple().to_string()[..8]
-        );
+        let name = new_name();
         let sql = match template {
             Some(template) => format!("CREATE DATABASE {name} TEMPLATE {template}"),
             None => format!("CREATE DATABASE {name}"),
@@ -144,7 +168,88 @@ impl TestDatabase {
             name,
             url,
             admin: admin_url.to_owned(),
+            workers: Vec::new(),
         }
+    }
+
+    /// An empty Citus database: created on the coordinator and every
+    /// worker at once, the extension in each, the nodes registered at the
+    /// coordinator as they are in the admin database.
+    async fn create_on_citus(admin_url: &str, workers: Vec<String>) -> Self {
+        let nodes: Vec<String> = std::iter::once(admin_url.to_owned())
+            .chain(workers.iter().cloned())
+            .collect();
+        sweep_once(&connect(admin_url).await).await;
+        static SWEPT_WORKERS: OnceCell<()> = OnceCell::const_new();
+        SWEPT_WORKERS
+            .get_or_init(|| async {
+                for worker in &workers {
+                    sweep(&connect(worker).await).await;
+                }
+            })
+            .await;
+        let name = new_name();
+        // The nodes' logs name the database of each line: this says which
+        // test it was (shown for a failing test).
+        eprintln!("test database on Citus: {name}");
+        let url = with_database(admin_url, &name);
+        // From here on a panic leaves nothing behind: the value drops the
+        // database wherever it was created.
+        let database = Self {
+            name,
+            url,
+            admin: admin_url.to_owned(),
+            workers,
+        };
+        let name = &database.name;
+        on_every_node(&nodes, None, &format!("CREATE DATABASE {name}")).await;
+        on_every_node(&nodes, Some(name), "CREATE EXTENSION citus").await;
+        let admin = connect(admin_url).await;
+        let registered: Vec<(i32, String, i32)> = admin
+            .query(
+                "SELECT groupid, nodename::text, nodeport FROM pg_dist_node \
+                  WHERE noderole = 'primary' ORDER BY groupid, nodeid",
+                &[],
+            )
+            .await
+            .expect("the Citus nodes of the admin database")
+            .iter()
+            .map(|row| (row.get(0), row.get(1), row.get(2)))
+            .collect();
+        let coordinator = connect(&database.url).await;
+        // Few shards per table: placing a table costs a table per shard on
+        // the workers, for every test. Four still spread over both workers.
+        coordinator
+            .batch_execute(&format!(
+                "ALTER DATABASE {name} SET citus.shard_count = {TEST_SHARD_COUNT}"
+            ))
+            .await
+            .expect("set the shard count");
+        // Registering a node syncs metadata to the workers, which updates
+        // catalogs shared by every database of a node (the roles): two
+        // databases registering at once fail with "tuple concurrently
+        // updated". One at a time, across test processes: the lock is taken
+        // in the admin database, which they all use.
+        admin
+            .execute("SELECT pg_advisory_lock($1)", &[&CITUS_REGISTER_LOCK])
+            .await
+            .expect("Citus registration lock");
+        for (group, host, port) in registered {
+            let sql = if group == 0 {
+                "SELECT citus_set_coordinator_host($1, $2)"
+            } else {
+                "SELECT citus_add_node($1, $2)"
+            };
+            coordinator
+                .query_one(sql, &[&host, &port])
+                .await
+                .unwrap_or_else(|e| panic!("{sql} ({host}:{port}) in {name}: {e:?}"));
+        }
+        admin
+            .execute("SELECT pg_advisory_unlock($1)", &[&CITUS_REGISTER_LOCK])
+            .await
+            .expect("Citus registration unlock");
+        database
     }
 
     pub async fn client(&self) -> Client {
@@ -155,6 +260,81 @@ impl TestDatabase {
 impl Drop for TestDatabase {
     fn drop(&mut self) {
         drop_database_on(&self.admin, &self.name);
+        for worker in &self.workers {
+            drop_database_on(worker, &self.name);
+        }
+    }
+}
+
+fn new_name() -> String {
+    format!(
+        "{TEST_PREFIX}{}_{}",
+        unix_now(),
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}
+
+/// Serialises the registration of Citus nodes across processes ("citu").
+const CITUS_REGISTER_LOCK: i64 = 0x6369_7475;
+
+/// Shards per distributed table in a test database on Citus.
+const TEST_SHARD_COUNT: u32 = 4;
+
+/// The admin URLs of the Citus workers registered in the database
+/// `admin_url` names (the same user and database on each worker's host and
+/// port); none for a plain PostgreSQL, or a Citus database without
+/// workers.
+pub async fn citus_workers(admin_url: &str) -> Vec<String> {
+    let admin = connect(admin_url).await;
+    let citus: bool = admin
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')",
+            &[],
+        )
+        .await
+        .expect("look for the citus extension")
+        .get(0);
+    if !citus {
+        return Vec::new();
+    }
+    admin
+        .query(
+            "SELECT nodename::text, nodeport FROM pg_dist_node \
+              WHERE groupid <> 0 AND noderole = 'primary' ORDER BY nodeid",
+            &[],
+        )
+        .await
+        .expect("list the Citus workers")
+        .iter()
+        .map(|row| {
+            let (host, port): (String, i32) = (row.get(0), row.get(1));
+            let mut url = url::Url::parse(admin_url).expect("the admin URL");
+            url.set_host(Some(&host)).expect("a worker's host");
+            url.set_port(u16::try_from(port).ok())
+                .expect("a worker's port");
+            url.to_string()
+        })
+        .collect()
+}
+
+/// Runs `sql` on every node at once, in `database` (`None`: the node's
+/// admin database); panics with the first error.
+async fn on_every_node(nodes: &[String], database: Option<&str>, sql: &str) {
+    let tasks: Vec<_> = nodes
+        .iter()
+        .map(|node| {
+            let url = database.map_or_else(|| node.clone(), |name| with_database(node, name));
+            let sql = sql.to_owned();
+            tokio::spawn(async move {
+                let result = connect(&url).await.batch_execute(&sql).await;
+                result.map_err(|e| format!("{sql} on {}: {e}", redact(&url)))
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await
+            .expect("a node's task")
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 }
 
@@ -225,31 +405,33 @@ where
 /// (on the first server a database is made on).
 async fn sweep_once(admin: &Client) {
     static SWEPT: OnceCell<()> = OnceCell::const_new();
-    SWEPT
-        .get_or_init(|| async {
-            let rows = admin
-                .query(
-                    "SELECT datname FROM pg_database WHERE datname LIKE 'chargeonce\\_test\\_%'",
-                    &[],
-                )
-                .await
-                .expect("list test databases");
-            let now = unix_now();
-            for row in rows {
-                let name: String = row.get(0);
-                let created: u64 = name[TEST_PREFIX.len()..]
-                    .split('_')
-                    .next()
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(0);
-                if now.saturating_sub(created) > STALE_AFTER_SECS {
-                    let _ = admin
-                        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                        .await;
-                }
-            }
-        })
-        .await;
+    SWEPT.get_or_init(|| sweep(admin)).await;
+}
+
+/// Drops the test databases on the server of `admin` that are older than
+/// [`STALE_AFTER_SECS`].
+async fn sweep(admin: &Client) {
+    let rows = admin
+        .query(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'chargeonce\\_test\\_%'",
+            &[],
+        )
+        .await
+        .expect("list test databases");
+    let now = unix_now();
+    for row in rows {
+        let name: String = row.get(0);
+        let created: u64 = name[TEST_PREFIX.len()..]
+            .split('_')
+            .next()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        if now.saturating_sub(created) > STALE_AFTER_SECS {
+            let _ = admin
+                .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .await;
+        }
+    }
 }
 
 /// Drops a database from a thread of its own, so it works from `Drop` inside

@@ -25,7 +25,7 @@ pub async fn migrated_database() -> TestDatabase {
         chargeonce::db::migrate(&direct_settings(&url).database)
             .await
             .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(|e| chargeonce::telemetry::error_chain(&e))
     })
     .await
 }

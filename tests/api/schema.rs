@@ -333,3 +333,232 @@ fn every_statement_that_writes_an_event_queues_it() {
     }
     assert!(writers >= 4, "the statements that write events ({writers})");
 }
+
+/// Every table of the schema states where it lives on Citus
+/// (`chargeonce::db::citus::TABLES`): a table a migration adds without a
+/// placement fails here, on plain PostgreSQL too. The per-merchant ones are
+/// exactly those distributed by merchant.
+#[tokio::test]
+async fn every_table_has_a_placement_on_citus() {
+    use chargeonce::db::citus::{Placement, TABLES};
+    let database = migrated_database().await;
+    let client = database.client().await;
+    let mut tables: Vec<String> = client
+        .query(
+            "SELECT c.relname::text FROM pg_class c \
+               JOIN pg_namespace n ON n.oid = c.relnamespace \
+              WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') \
+                AND c.relname <> 'refinery_schema_history'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    tables.sort();
+    let mut placed: Vec<&str> = TABLES.iter().map(|(name, _)| *name).collect();
+    placed.sort_unstable();
+    assert_eq!(
+        tables, placed,
+        "a table without a placement, or a placement without a table"
+    );
+    assert_eq!(
+        TABLES[0],
+        ("charges", Placement::ByMerchant),
+        "the co-location anchor comes first"
+    );
+    for (name, placement) in TABLES {
+        assert_eq!(
+            placement == Placement::Reference,
+            NOT_PER_MERCHANT.contains(&name),
+            "{name}: {placement:?}"
+        );
+    }
+}
+
+/// Whether the database is on a Citus cluster; if not, says why the test
+/// calling it checks less.
+async fn on_citus(client: &tokio_postgres::Client, test: &str) -> bool {
+    let citus: bool = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    if !citus {
+        eprintln!(
+            "{test}: the Citus checks are skipped: this is plain PostgreSQL (no citus \
+             extension); the Citus pass of scripts/dev test runs them"
+        );
+    }
+    citus
+}
+
+/// On Citus, migrating distributed every per-merchant table on
+/// `merchant_id`, all co-located with `charges`, with shards on more than
+/// one node, and made the tenant tables reference tables; refinery's history
+/// stayed a plain table. Migrating again changes nothing.
+#[tokio::test]
+async fn on_citus_every_table_is_placed_as_intended() {
+    use chargeonce::db::citus::{Placement, TABLES};
+    let database = migrated_database().await;
+    let mut client = database.client().await;
+    // Placing again finds nothing left to place, with Citus or without.
+    let placed = chargeonce::db::citus::distribute(&mut client)
+        .await
+        .unwrap();
+    assert_eq!(placed, 0);
+    if !on_citus(&client, "on_citus_every_table_is_placed_as_intended").await {
+        return;
+    }
+    let rows = client
+        .query(
+            "SELECT logicalrelid::text, partmethod::text, repmodel::text, colocationid, \
+                    CASE WHEN partmethod = 'h' \
+                         THEN column_to_column_name(logicalrelid, partkey) END, \
+                    (SELECT count(DISTINCT nodeport) FROM pg_dist_shard s \
+                       JOIN pg_dist_shard_placement p USING (shardid) \
+                      WHERE s.logicalrelid = d.logicalrelid) \
+               FROM pg_dist_partition d",
+            &[],
+        )
+        .await
+        .unwrap();
+    let found: std::collections::HashMap<String, (String, String, i32, Option<String>, i64)> = rows
+        .iter()
+        .map(|row| {
+            (
+                row.get(0),
+                (row.get(1), row.get(2), row.get(3), row.get(4), row.get(5)),
+            )
+        })
+        .collect();
+    assert!(
+        !found.contains_key("refinery_schema_history"),
+        "refinery's history is a Citus table: {found:#?}"
+    );
+    let anchor = found.get("charges").map(|c| c.2);
+    for (name, placement) in TABLES {
+        let (method, model, colocation, column, nodes) = found
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} is not placed: {found:#?}"));
+        match placement {
+            Placement::ByMerchant => {
+                assert_eq!(method, "h", "{name} is not hash-distributed");
+                assert_eq!(column.as_deref(), Some("merchant_id"), "{name}");
+                assert_eq!(
+                    Some(*colocation),
+                    anchor,
+                    "{name} is not co-located with charges"
+                );
+                assert!(*nodes >= 2, "{name}'s shards are on {nodes} node(s)");
+            }
+            Placement::Reference => {
+                assert_eq!(
+                    (method.as_str(), model.as_str()),
+                    ("n", "t"),
+                    "{name} is not a reference table"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        found.len(),
+        TABLES.len(),
+        "Citus knows other tables: {found:#?}"
+    );
+}
+
+/// The convention for a table added by a later migration
+/// (migrations/V8__table_placement.sql), run the way the migration runner
+/// runs a file: one query string in a transaction. The statements are in a
+/// DO block; the table is created without foreign keys, placed with
+/// `place_table`, then given its keys. On Citus it ends up distributed and
+/// co-located; on plain PostgreSQL `place_table` does nothing. Either way
+/// it is idempotent and refuses an unknown placement.
+#[tokio::test]
+async fn a_new_table_is_placed_by_its_migration() {
+    const MIGRATION: &str = "\
+        -- Version N: disputes.
+        DO $$ BEGIN
+        CREATE TABLE disputes (id uuid NOT NULL, merchant_id uuid NOT NULL,
+                               charge_id uuid NOT NULL, PRIMARY KEY (id, merchant_id));
+        PERFORM place_table('disputes', 'by_merchant');
+        PERFORM place_table('disputes', 'by_merchant');
+        ALTER TABLE disputes ADD CONSTRAINT disputes_charge_fkey
+            FOREIGN KEY (charge_id, merchant_id) REFERENCES charges (id, merchant_id);
+        ALTER TABLE disputes ADD CONSTRAINT disputes_merchant_fkey
+            FOREIGN KEY (merchant_id) REFERENCES merchants (id);
+        CREATE INDEX disputes_of_charge ON disputes (charge_id, merchant_id);
+        END $$;";
+    let database = migrated_database().await;
+    let mut client = database.client().await;
+    let citus = on_citus(&client, "a_new_table_is_placed_by_its_migration").await;
+    let transaction = client.transaction().await.unwrap();
+    transaction.batch_execute(MIGRATION).await.unwrap();
+    transaction.commit().await.unwrap();
+    let refused = client
+        .batch_execute("SELECT place_table('disputes', 'somewhere')")
+        .await
+        .unwrap_err();
+    let message = refused.as_db_error().map(|e| e.message().to_owned());
+    assert!(
+        message
+            .as_deref()
+            .is_some_and(|m| m.contains("by_merchant or reference")),
+        "{refused:?}"
+    );
+    if citus {
+        let co_located: bool = client
+            .query_one(
+                "SELECT (SELECT colocationid FROM pg_dist_partition \
+                          WHERE logicalrelid = 'disputes'::regclass AND partmethod = 'h') \
+                        = (SELECT colocationid FROM pg_dist_partition \
+                            WHERE logicalrelid = 'charges'::regclass)",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(co_located, "disputes is not distributed with charges");
+    }
+}
+
+/// Every migration after V8 keeps its statements in one DO block
+/// (migrations/V8__table_placement.sql says why: on Citus, most DDL sent
+/// in a multi-statement query string fails on the workers).
+#[test]
+fn migrations_after_v8_run_in_one_do_block() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let mut checked = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let version: u32 = name
+            .strip_prefix('V')
+            .and_then(|rest| rest.split("__").next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} is not named V<version>__<name>.sql"));
+        if version <= 8 {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let code: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty() && !line.starts_with("--"))
+            .collect();
+        let (first, last) = (code.first().copied(), code.last().copied());
+        assert!(
+            first.is_some_and(|line| line.starts_with("DO $$"))
+                && last.is_some_and(|line| line.ends_with("$$;"))
+                && code.iter().filter(|line| line.contains("$$")).count() == 2,
+            "{name}: its statements are not in one DO $$ ... $$; block"
+        );
+        checked.push(name);
+    }
+    eprintln!("migrations after V8: {checked:?}");
+}
