@@ -17,7 +17,7 @@
 # /usr/bin/pgbouncer, as the test kit reads it). PREREQS_DRY_RUN=1 says what
 # it would install and installs nothing.
 
-PREREQS=(postgres node chromium pgbouncer python)
+PREREQS=(postgres node chromium pgbouncer python faketime)
 
 # initdb, pg_ctl and pg_basebackup: the private clusters of the failover,
 # chaos and PgBouncer tests.
@@ -61,6 +61,12 @@ prereq_python() {
     python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || echo "python3-venv"
 }
 describe_python() { echo "Python 3 with venv (python3-venv)"; }
+
+# libfaketime: tests/api/clock.rs runs instances whose clocks are days off.
+prereq_faketime() {
+    [[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]] || echo "faketime"
+}
+describe_faketime() { echo "libfaketime (faketime, instances with a wrong clock in tests/api/clock.rs)"; }
 
 # The apt packages of every missing prerequisite, one line each as
 # "PACKAGES|DESCRIPTION".
