@@ -284,6 +284,15 @@ const TEST_SHARD_COUNT: u32 = 4;
 /// `admin_url` names (the same user and database on each worker's host and
 /// port); none for a plain PostgreSQL, or a Citus database without
 /// workers.
+/// Whether the tests' server ([`admin_url()`]) is a Citus coordinator with
+/// workers (the Citus pass of `scripts/dev test`). Asked once per run.
+pub async fn on_citus() -> bool {
+    static CITUS: OnceCell<bool> = OnceCell::const_new();
+    *CITUS
+        .get_or_init(|| async { !citus_workers(&admin_url()).await.is_empty() })
+        .await
+}
+
 pub async fn citus_workers(admin_url: &str) -> Vec<String> {
     let admin = connect(admin_url).await;
     let citus: bool = admin

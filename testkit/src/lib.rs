@@ -28,7 +28,7 @@ pub mod proxy;
 
 pub use chargeonce::{Chargeonce, ANNOUNCING_LOG};
 pub use cluster::{Cluster, Node, Server};
-pub use db::{admin_url, redact, server_address, with_database, TestDatabase};
+pub use db::{admin_url, on_citus, redact, server_address, with_database, TestDatabase};
 pub use nix::sys::signal::Signal;
 pub use pgbouncer::PgBouncer;
 pub use process::{memory_bytes, SpawnOptions, Spawned};

@@ -183,6 +183,15 @@ async fn another_merchants_event_is_404_and_not_listed() {
 /// is small is kept as it grows).
 #[tokio::test]
 async fn outbox_statements_do_not_depend_on_statistics() {
+    if crate::helpers::skipped_on_citus(
+        "outbox_statements_do_not_depend_on_statistics",
+        "PostgreSQL's plans of a plain table; on Citus each worker plans the statement \
+         for its shard, a plain table the first pass checks",
+    )
+    .await
+    {
+        return;
+    }
     let database = migrated_database().await;
     let client = database.client().await;
     let cases = [
@@ -254,28 +263,24 @@ async fn an_event_of_another_merchant_than_its_charges_is_refused() {
     let other = app.create_merchant("Other").await;
     assert!(other.starts_with("sk_"));
     let sql = app.sql().await;
-    for merchant in [
-        "(SELECT id FROM merchants WHERE name = 'Other')",
-        "gen_random_uuid()",
+    let other_id: uuid::Uuid = sql
+        .query_one("SELECT id FROM merchants WHERE name = 'Other'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    for (merchant, which) in [
+        (other_id, "another merchant"),
+        (uuid::Uuid::new_v4(), "no merchant"),
     ] {
         let refused = sql
             .execute(
-                &format!(
-                    "INSERT INTO events (id, merchant_id, charge_id, type, data) \
-                     VALUES (gen_random_uuid(), {merchant}, $1, 'charge.pending', '{{}}')"
-                ),
-                &[&charge_id],
+                "INSERT INTO events (id, merchant_id, charge_id, type, data) \
+                 VALUES (gen_random_uuid(), $2, $1, 'charge.pending', '{}')",
+                &[&charge_id, &merchant],
             )
             .await
-            .expect_err(merchant);
-        let constraint = refused
-            .as_db_error()
-            .and_then(|e| e.constraint())
-            .map(str::to_owned);
-        assert_eq!(
-            constraint.as_deref(),
-            Some("events_charge_fkey"),
-            "{merchant}"
-        );
+            .expect_err(which);
+        let constraint = crate::helpers::broken_constraint(&refused);
+        assert_eq!(constraint.as_deref(), Some("events_charge_fkey"), "{which}");
     }
 }

@@ -170,6 +170,35 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     test_app
 }
 
+/// The constraint a statement broke: the error's own field, or, when a
+/// Citus worker raised it (the coordinator passes on the message only),
+/// the name in its message without the shard's suffix
+/// (`charges_refunds_within_amount_102008` is `charges_refunds_within_amount`).
+pub fn broken_constraint(error: &tokio_postgres::Error) -> Option<String> {
+    let db_error = error.as_db_error()?;
+    if let Some(name) = db_error.constraint() {
+        return Some(name.to_owned());
+    }
+    let (_, rest) = db_error.message().split_once(" constraint \"")?;
+    let (name, _) = rest.split_once('"')?;
+    let unsuffixed = name
+        .rsplit_once('_')
+        .filter(|(_, shard)| !shard.is_empty() && shard.bytes().all(|b| b.is_ascii_digit()))
+        .map_or(name, |(base, _)| base);
+    Some(unsuffixed.to_owned())
+}
+
+/// Whether the test must stop here because it runs on Citus (the Citus
+/// pass) and checks what only plain PostgreSQL has: says so, with
+/// `reason`, so the skip is never silent. docs/scaling.md lists each.
+pub async fn skipped_on_citus(test: &str, reason: &str) -> bool {
+    let citus = chargeonce_testkit::on_citus().await;
+    if citus {
+        eprintln!("{test}: skipped on Citus: {reason}");
+    }
+    citus
+}
+
 pub fn charge_body(amount: i64) -> String {
     format!(r#"{{"amount":{amount},"currency":"USD"}}"#)
 }

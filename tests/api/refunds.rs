@@ -324,7 +324,8 @@ async fn fifty_concurrent_refunds_with_different_keys_never_over_refund() {
         .await
         .query(
             "SELECT c.refunds_reserved, c.amount_refunded, \
-                    (SELECT coalesce(sum(amount), 0)::bigint FROM refunds r WHERE r.charge_id = c.id) \
+                    (SELECT coalesce(sum(amount), 0)::bigint FROM refunds r \
+                      WHERE r.merchant_id = c.merchant_id AND r.charge_id = c.id) \
                FROM charges c",
             &[],
         )
@@ -407,8 +408,10 @@ async fn concurrent_refunds_across_two_instances_never_over_refund() {
         .await
         .query(
             "SELECT c.refunds_reserved, c.amount_refunded, \
-                    (SELECT coalesce(sum(amount), 0)::bigint FROM refunds r WHERE r.charge_id = c.id), \
-                    (SELECT count(*) FROM refunds r WHERE r.charge_id = c.id) \
+                    (SELECT coalesce(sum(amount), 0)::bigint FROM refunds r \
+                      WHERE r.merchant_id = c.merchant_id AND r.charge_id = c.id), \
+                    (SELECT count(*) FROM refunds r \
+                      WHERE r.merchant_id = c.merchant_id AND r.charge_id = c.id) \
                FROM charges c",
             &[],
         )
@@ -695,11 +698,10 @@ async fn the_database_refuses_books_that_break_the_refund_rules() {
         ),
     ] {
         let error = sql.execute(update, &[&uuid]).await.unwrap_err();
-        let db_error = error.as_db_error().unwrap_or_else(|| panic!("{error}"));
         assert_eq!(
-            db_error.constraint(),
+            crate::helpers::broken_constraint(&error).as_deref(),
             Some(constraint),
-            "{update}: {db_error}"
+            "{update}: {error:?}"
         );
     }
     // Within the rules the same columns take the values.
@@ -720,6 +722,15 @@ async fn the_database_refuses_books_that_break_the_refund_rules() {
 /// the client's retry is a fresh refund.
 #[tokio::test]
 async fn a_refund_whose_commit_was_unconfirmed_is_undone_so_503_stays_true() {
+    if crate::helpers::skipped_on_citus(
+        "a_refund_whose_commit_was_unconfirmed_is_undone_so_503_stays_true",
+        "it slows one commit with a deferred trigger, and Citus has no triggers on \
+         distributed tables; the first pass covers the undo",
+    )
+    .await
+    {
+        return;
+    }
     const LEASE: Duration = Duration::from_millis(3000);
     let app = spawn_app_with(|s| {
         s.database.query_timeout = Duration::from_millis(500);

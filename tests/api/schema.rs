@@ -270,6 +270,15 @@ fn scans(plan: &str) -> Vec<Scan> {
 /// merchant as a value; the workers' scans are the listed exceptions.
 #[tokio::test]
 async fn every_request_path_statement_filters_by_merchant() {
+    if crate::helpers::skipped_on_citus(
+        "every_request_path_statement_filters_by_merchant",
+        "it reads PostgreSQL's plans of plain tables; on Citus \
+         on_citus_every_request_path_statement_touches_one_shard checks the routing",
+    )
+    .await
+    {
+        return;
+    }
     let database = migrated_database().await;
     let client = database.client().await;
     let mut checked = 0;
@@ -561,4 +570,86 @@ fn migrations_after_v8_run_in_one_do_block() {
         checked.push(name);
     }
     eprintln!("migrations after V8: {checked:?}");
+}
+
+/// On Citus every statement of the request path runs on the one shard of
+/// its merchant: in Citus's plan of each (made with sample values, one
+/// merchant throughout), every step names one task. A statement with an
+/// INSERT inside a CTE runs as a few such steps (Citus routes only SELECT,
+/// UPDATE and DELETE CTEs whole); each still touches that one shard. The
+/// workers' reads across merchants are the listed exceptions.
+#[tokio::test]
+async fn on_citus_every_request_path_statement_touches_one_shard() {
+    let database = migrated_database().await;
+    let client = database.client().await;
+    if !on_citus(
+        &client,
+        "on_citus_every_request_path_statement_touches_one_shard",
+    )
+    .await
+    {
+        return;
+    }
+    use tokio_postgres::types::Type;
+    let merchant = uuid::Uuid::now_v7();
+    let sample = |kind: &Type| -> String {
+        let value = match *kind {
+            Type::UUID => format!("'{merchant}'"),
+            Type::UUID_ARRAY => format!("ARRAY['{merchant}']"),
+            Type::TEXT => "'x'".to_owned(),
+            Type::TEXT_ARRAY => "ARRAY['x']".to_owned(),
+            Type::INT8 | Type::INT4 => "1".to_owned(),
+            Type::INT8_ARRAY => "ARRAY[1]".to_owned(),
+            Type::BYTEA => "'\\x00'".to_owned(),
+            Type::BYTEA_ARRAY => "ARRAY['\\x00'::bytea]".to_owned(),
+            Type::JSONB => "'{}'".to_owned(),
+            Type::JSONB_ARRAY => "ARRAY['{}'::jsonb]".to_owned(),
+            Type::TIMESTAMPTZ => "now()".to_owned(),
+            Type::BOOL => "true".to_owned(),
+            ref other => panic!("no sample value for {other}"),
+        };
+        // An array type's name is its element's with a leading `_`.
+        let cast = match kind.name().strip_prefix('_') {
+            Some(element) => format!("{element}[]"),
+            None => kind.name().to_owned(),
+        };
+        format!("{value}::{cast}")
+    };
+    let mut spread = Vec::new();
+    let mut checked = 0;
+    for (name, statement) in chargeonce::db::ALL_STATEMENTS {
+        if ACROSS_MERCHANTS.contains(name) {
+            continue;
+        }
+        let types: Vec<&str> = statement.params.iter().map(|t| t.name()).collect();
+        let values: Vec<String> = statement.params.iter().map(sample).collect();
+        client
+            .batch_execute(&format!(
+                "DEALLOCATE ALL; PREPARE s({}) AS {}",
+                types.join(", "),
+                statement.sql
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let plan: Vec<String> = client
+            .query(&format!("EXPLAIN EXECUTE s({})", values.join(", ")), &[])
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let tasks: Vec<&str> = plan
+            .iter()
+            .filter_map(|line| line.trim().strip_prefix("Task Count: "))
+            .collect();
+        if tasks.is_empty() || tasks.iter().any(|count| *count != "1") {
+            spread.push(format!("{name}:\n{}", plan.join("\n")));
+        }
+        checked += 1;
+    }
+    assert!(spread.is_empty(), "{}", spread.join("\n\n"));
+    assert!(
+        checked >= 25,
+        "the request path's statements were checked ({checked})"
+    );
 }
