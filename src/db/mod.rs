@@ -30,6 +30,7 @@ use tokio_postgres::types::Type;
 
 use secrecy::ExposeSecret;
 
+use crate::backoff::Backoff;
 use crate::config::DatabaseSettings;
 
 pub use self::conn::{Conn, Decision};
@@ -306,7 +307,7 @@ async fn connect_at_start(
 ) -> Result<(tokio_postgres::Client, StartConnection), DbError> {
     let connector = Connector::new(&pg_config(settings)?, settings.connect_timeout);
     let deadline = Instant::now() + settings.startup_wait;
-    let mut pause = Duration::from_millis(250);
+    let mut pauses = STARTUP_RETRY.pauses();
     loop {
         let error = match tokio::time::timeout(connector.bound(), connector.connect()).await {
             Ok(Ok(connected)) => return Ok(connected),
@@ -317,16 +318,18 @@ async fn connect_at_start(
         if left.is_zero() || !worth_waiting_for(&error) {
             return Err(error);
         }
-        let retry_in = pause.min(left);
+        let retry_in = pauses.next_pause().min(left);
         tracing::warn!(
             error = %crate::telemetry::error_chain(&error),
             ?retry_in,
             "PostgreSQL cannot be reached yet; trying again (database.startup_wait_ms)"
         );
         tokio::time::sleep(retry_in).await;
-        pause = (pause * 2).min(Duration::from_secs(2));
     }
 }
+
+/// Pauses between tries to reach a PostgreSQL that is not up yet.
+const STARTUP_RETRY: Backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(2));
 
 type StartConnection =
     tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>;
