@@ -322,11 +322,9 @@ async fn an_event_whose_fan_out_fails_is_set_aside_and_the_others_go_on() {
 #[tokio::test]
 async fn an_event_whose_fan_out_times_out_is_set_aside_and_logged_with_its_id() {
     let db = Database::migrated().await;
-    let secret = db.create_merchant().await;
     let client = db.client().await;
-    poison_fan_out(&client, "PERFORM pg_sleep(30)").await;
     // Behind PgBouncer the service sends no statement timeout of its own:
-    // the database's is the one that holds.
+    // the database's holds, set before PgBouncer opens a connection to it.
     if through_pgbouncer().is_some() {
         client
             .batch_execute(&format!(
@@ -336,6 +334,8 @@ async fn an_event_whose_fan_out_times_out_is_set_aside_and_logged_with_its_id() 
             .await
             .unwrap();
     }
+    let secret = db.create_merchant().await;
+    poison_fan_out(&client, "PERFORM pg_sleep(30)").await;
     let receiver = Receiver::start().await;
     let mut env = dispatcher_env(2000);
     env.extend([
