@@ -48,7 +48,7 @@ pub const FIND: Statement = Statement {
 /// the queue's key is its order; an event set aside is skipped by a filter
 /// (there are few: only events whose fan-out failed on its own).
 pub const QUEUED: Statement = Statement {
-    sql: "SELECT merchant_id, event_id, type, attempts FROM event_queue \
+    sql: "SELECT merchant_id, event_id, attempts FROM event_queue \
            WHERE next_attempt_at IS NULL OR next_attempt_at <= now() \
            ORDER BY event_id LIMIT $1",
     params: &[Type::INT8],
