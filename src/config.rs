@@ -250,6 +250,21 @@ pub struct WebhookSettings {
     #[serde(rename = "max_backoff_ms")]
     #[serde_as(as = "DurationMilliSeconds<u64>")]
     pub max_backoff: Duration,
+    /// Live endpoints one merchant may have; the next creation is refused.
+    #[serde_as(as = "Within<1, 1000>")]
+    pub max_endpoints_per_merchant: i32,
+    /// Deliveries to one endpoint one instance attempts at once.
+    #[serde_as(as = "Within<1, 1000>")]
+    pub max_in_flight_per_endpoint: usize,
+    /// Failed attempts in a row after which an endpoint's attempts are
+    /// spaced out (the circuit breaker trips).
+    #[serde_as(as = "Within<1, 1000>")]
+    pub trip_after_failures: i32,
+    /// How long an endpoint may keep failing (no attempt delivered) before
+    /// it is disabled.
+    #[serde(rename = "disable_after_ms")]
+    #[serde_as(as = "Millis<1>")]
+    pub disable_after: Duration,
 }
 
 /// How long delivered events are kept, and the pace of their removal.
@@ -395,6 +410,12 @@ impl WebhookSettings {
     /// `DELIVERY_LEASE_MARGIN`).
     pub fn lease(&self) -> Duration {
         self.timeout + DELIVERY_LEASE_MARGIN
+    }
+
+    /// Deliveries of one merchant one instance attempts at once: half of
+    /// its `batch_size`, so the other merchants always have the other half.
+    pub fn max_in_flight_per_merchant(&self) -> usize {
+        usize::try_from(self.batch_size / 2).unwrap_or(1).max(1)
     }
 }
 

@@ -62,6 +62,13 @@ pub enum ApiError {
     },
     #[error("a request with this Idempotency-Key is still being processed; retry later")]
     IdempotencyKeyInUse { retry_after_secs: u64 },
+    /// The replay of a webhook endpoint's creation after it was deleted:
+    /// its secret is not shown again.
+    #[error(
+        "the webhook endpoint this Idempotency-Key created ({id}) was deleted; its secret is not \
+         shown any more. Create a new endpoint with a new key"
+    )]
+    WebhookEndpointDeleted { id: String },
     #[error("{detail}")]
     InvalidRequest {
         detail: String,
@@ -141,6 +148,12 @@ impl ApiError {
                 "idempotency_key_in_use",
                 "Idempotency-Key in use",
                 Some(*retry_after_secs),
+            ),
+            Self::WebhookEndpointDeleted { .. } => (
+                S::CONFLICT,
+                "webhook_endpoint_deleted",
+                "Webhook endpoint deleted",
+                None,
             ),
             Self::InvalidRequest { .. } => {
                 (S::BAD_REQUEST, "invalid_request", "Invalid request", None)

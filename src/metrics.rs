@@ -35,6 +35,11 @@ pub const WEBHOOK_OLDEST_AGE: &str = "chargeonce_webhook_oldest_undelivered_age_
 pub const WEBHOOK_ATTEMPTS: &str = "chargeonce_webhook_attempts_total";
 pub const WEBHOOK_ATTEMPT_DURATION: &str = "chargeonce_webhook_attempt_duration_seconds";
 pub const WEBHOOK_GIVEN_UP: &str = "chargeonce_webhook_deliveries_failed_total";
+pub const WEBHOOK_SET_ASIDE: &str = "chargeonce_webhook_events_set_aside_total";
+pub const WEBHOOK_SET_ASIDE_NOW: &str = "chargeonce_webhook_set_aside_events";
+pub const WEBHOOK_HELD: &str = "chargeonce_webhook_deliveries_held_total";
+pub const WEBHOOK_TRIPPED: &str = "chargeonce_webhook_endpoints_tripped_total";
+pub const WEBHOOK_DISABLED: &str = "chargeonce_webhook_endpoints_disabled_total";
 pub const CLOCK_OFFSET: &str = "chargeonce_clock_offset_seconds";
 pub const KEY_LOOKUPS: &str = "chargeonce_idempotency_key_lookups_total";
 pub const MISMATCHED_FIELDS: &str = "chargeonce_idempotency_mismatched_fields_total";
@@ -204,7 +209,34 @@ fn describe() {
     describe_counter!(
         WEBHOOK_GIVEN_UP,
         "Webhook deliveries given up for good (status failed), by reason: max_attempts (the \
-         last of webhooks.max_attempts failed), endpoint_deleted."
+         last of webhooks.max_attempts failed), endpoint_deleted, endpoint_disabled (the \
+         circuit breaker disabled it)."
+    );
+    describe_counter!(
+        WEBHOOK_SET_ASIDE,
+        "Queued events set aside by this instance after their fan-out failed on its own (each \
+         logged with its id): tried again after a backoff, while the events behind them go on."
+    );
+    describe_gauge!(
+        WEBHOOK_SET_ASIDE_NOW,
+        "Of the undispatched events, those set aside right now, waiting for their next try. \
+         Measured like the undispatched events."
+    );
+    describe_counter!(
+        WEBHOOK_HELD,
+        "Due webhook deliveries held back by this instance because their endpoint's circuit \
+         breaker is open (webhooks.trip_after_failures failures in a row): they wait for the \
+         breaker's pause, which is not an attempt."
+    );
+    describe_counter!(
+        WEBHOOK_TRIPPED,
+        "Webhook endpoints whose circuit breaker tripped (reached webhooks.trip_after_failures \
+         failed attempts in a row) on this instance: their attempts are spaced out."
+    );
+    describe_counter!(
+        WEBHOOK_DISABLED,
+        "Webhook endpoints this instance disabled after they kept failing for \
+         webhooks.disable_after_ms; each is also a webhook_endpoint.disabled event."
     );
 }
 
@@ -378,8 +410,14 @@ pub fn batch_rows(statement: &'static str, rows: usize) {
 
 /// The outbox backlog as one measurement saw it (see `WEBHOOK_UNDISPATCHED`
 /// and the next two).
-pub fn webhook_backlog(undispatched_events: i64, pending_deliveries: i64, oldest_age_secs: f64) {
+pub fn webhook_backlog(
+    undispatched_events: i64,
+    set_aside_events: i64,
+    pending_deliveries: i64,
+    oldest_age_secs: f64,
+) {
     gauge!(WEBHOOK_UNDISPATCHED).set(undispatched_events as f64);
+    gauge!(WEBHOOK_SET_ASIDE_NOW).set(set_aside_events as f64);
     gauge!(WEBHOOK_PENDING).set(pending_deliveries as f64);
     gauge!(WEBHOOK_OLDEST_AGE).set(oldest_age_secs);
 }
@@ -439,6 +477,22 @@ pub fn webhook_attempt(outcome: &'static str, took: Duration) {
 
 pub fn webhook_deliveries_failed(reason: &'static str, deliveries: usize) {
     counter!(WEBHOOK_GIVEN_UP, "reason" => reason).increment(deliveries as u64);
+}
+
+pub fn webhook_events_set_aside(events: usize) {
+    counter!(WEBHOOK_SET_ASIDE).increment(events as u64);
+}
+
+pub fn webhook_deliveries_held(deliveries: usize) {
+    counter!(WEBHOOK_HELD).increment(deliveries as u64);
+}
+
+pub fn webhook_endpoints_tripped(endpoints: usize) {
+    counter!(WEBHOOK_TRIPPED).increment(endpoints as u64);
+}
+
+pub fn webhook_endpoints_disabled(endpoints: usize) {
+    counter!(WEBHOOK_DISABLED).increment(endpoints as u64);
 }
 
 /// The pools of one application, named, so their state can be read when

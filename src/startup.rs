@@ -24,7 +24,7 @@ use crate::service::dispatch::Dispatcher;
 use crate::service::events::Events;
 use crate::service::refunds::Refunds;
 use crate::service::webhook_endpoints::WebhookEndpoints;
-use crate::webhooks::{Sender, TargetPolicy};
+use crate::webhooks::Sender;
 use crate::{http, workers};
 
 #[derive(Debug, thiserror::Error)]
@@ -162,10 +162,7 @@ impl ApiFactory {
             background_db: background_db.clone(),
             charges: Charges::new(background_db.clone(), processor.clone(), keys, recovery),
             refunds: Refunds::new(background_db.clone(), processor, keys, recovery),
-            endpoints: WebhookEndpoints::new(
-                background_db.clone(),
-                TargetPolicy::new(settings.webhooks.allow_private_targets),
-            ),
+            endpoints: WebhookEndpoints::new(background_db.clone(), &settings.webhooks),
             api_keys: web::Data::new(ApiKeyCache::new(&settings.auth)),
             limits: web::Data::new(HttpLimits {
                 max_body_bytes: settings.http.max_body_bytes,
@@ -256,7 +253,10 @@ fn start_workers(
     (charges, refunds): (Charges, Refunds),
     stop: &CancellationToken,
 ) -> Result<Vec<JoinHandle<()>>, StartupError> {
-    let dispatcher_db = Database::new(&settings.database, DISPATCHER_CONNECTIONS)?;
+    let dispatcher_db = Database::new(
+        &crate::service::dispatch::database_settings(&settings.database),
+        DISPATCHER_CONNECTIONS,
+    )?;
     let dispatcher = Dispatcher::new(
         dispatcher_db.clone(),
         Sender::new(&settings.webhooks).map_err(StartupError::WebhookClient)?,

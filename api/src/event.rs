@@ -1,12 +1,12 @@
-//! An event: a state change of a charge or a refund, byte for byte the body
-//! of its webhook deliveries.
+//! An event: a state change of a charge, a refund or a webhook endpoint,
+//! byte for byte the body of its webhook deliveries.
 
 use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-/// A state change of a charge or refund; byte for byte the body of its
-/// webhook deliveries.
+/// A state change of a charge, refund or webhook endpoint; byte for byte
+/// the body of its webhook deliveries.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct Event<'a> {
@@ -31,8 +31,9 @@ pub struct Event<'a> {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct EventData<'a> {
-    /// The charge or refund as the change left it, as it was rendered then
-    /// (a `Charge` or a `Refund`): kept as JSON, so an event never changes.
+    /// The charge, refund or webhook endpoint as the change left it, as it
+    /// was rendered then (a `Charge`, a `Refund` or a `WebhookEndpoint`):
+    /// kept as JSON, so an event never changes.
     #[cfg_attr(feature = "schema", schema(value_type = EventSubject))]
     pub object: Cow<'a, serde_json::Value>,
 }
@@ -46,6 +47,8 @@ pub enum EventSubject {
     Charge(crate::Charge<'static>),
     /// A `refund.*` event's.
     Refund(crate::Refund<'static>),
+    /// A `webhook_endpoint.*` event's (never with its secret).
+    WebhookEndpoint(crate::WebhookEndpoint),
 }
 
 /// The `object` member of an event.
@@ -81,6 +84,10 @@ pub enum EventType {
     /// A refund failed.
     #[serde(rename = "refund.failed")]
     RefundFailed,
+    /// The service disabled one of the merchant's webhook endpoints after
+    /// its attempts kept failing for `webhooks.disable_after_secs`.
+    #[serde(rename = "webhook_endpoint.disabled")]
+    WebhookEndpointDisabled,
     /// A type this version does not know (read only).
     #[serde(other, skip_serializing)]
     Unknown,

@@ -439,7 +439,10 @@ pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
     ("merchants::FIND_BY_DIGEST", merchants::FIND_BY_DIGEST),
     ("events::LIST", events::LIST),
     ("events::FIND", events::FIND),
+    ("events::QUEUED", events::QUEUED),
     ("events::FAN_OUT", events::FAN_OUT),
+    ("events::SET_ASIDE", events::SET_ASIDE),
+    ("events::EXPIRED", events::EXPIRED),
     ("events::DELETE_EXPIRED", events::DELETE_EXPIRED),
     ("events::BACKLOG", events::BACKLOG),
     (
@@ -453,9 +456,14 @@ pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
     ("webhook_endpoints::LIST", webhook_endpoints::LIST),
     ("webhook_endpoints::DELETE", webhook_endpoints::DELETE),
     (
-        "webhook_deliveries::CLAIM_DUE",
-        webhook_deliveries::CLAIM_DUE,
+        "webhook_endpoints::SLOTS_TAKEN",
+        webhook_endpoints::SLOTS_TAKEN,
     ),
+    ("webhook_endpoints::FAILED", webhook_endpoints::FAILED),
+    ("webhook_endpoints::RECOVERED", webhook_endpoints::RECOVERED),
+    ("webhook_endpoints::DISABLE", webhook_endpoints::DISABLE),
+    ("webhook_deliveries::DUE", webhook_deliveries::DUE),
+    ("webhook_deliveries::CLAIM", webhook_deliveries::CLAIM),
     (
         "webhook_deliveries::RECORD_ATTEMPT",
         webhook_deliveries::RECORD_ATTEMPT,

@@ -477,7 +477,7 @@ pub async fn release_expired_keys<R: Stored>(
 /// Runs `statement` for every item in one transaction (so one commit), the
 /// statements sent together (pipelined) rather than one round trip each;
 /// their answers in the items' order.
-async fn per_row<'a, T, O, F, Fut>(
+pub(super) async fn per_row<'a, T, O, F, Fut>(
     conn: &Conn,
     items: &'a [T],
     statement: F,

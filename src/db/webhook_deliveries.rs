@@ -8,6 +8,12 @@
 //! never sent twice at the same time. The claim also moves `next_attempt_at`
 //! to the end of the lease: if the dispatcher dies mid-attempt, the
 //! delivery simply comes due again when the lease runs out.
+//!
+//! The claim reads its candidates across merchants without locking (`DUE`)
+//! and then claims each by a statement of its own that names its merchant
+//! and checks it again under the row lock (`CLAIM`), all sent together in
+//! one transaction: so on a database distributed by merchant every change
+//! runs on one shard.
 
 use std::time::Duration;
 
@@ -24,45 +30,71 @@ use crate::domain::{
     WebhookSecret,
 };
 
-/// Claims up to `$2` due pending deliveries (`SKIP LOCKED`: instances
-/// claiming at once take disjoint sets, and a row another instance claimed
-/// meanwhile is re-checked when locked and skipped), leasing each for `$1`
-/// ms, and returns them with what sending takes: the endpoint's URL and
-/// secret, and the event. A due delivery whose endpoint was deleted is
-/// failed here instead of claimed.
+/// The claim's candidates: up to `$1` due pending deliveries, the ones due
+/// first, across merchants, read without locking anything, leaving out
+/// those of the endpoints `$2` and the merchants `$3` (the ones this
+/// instance already has as many deliveries in flight for as they may have).
+/// Each is then claimed by `CLAIM`, which checks it again under its row
+/// lock. The scan follows `webhook_deliveries_due` in order and stops at
+/// `$1` rows.
+pub const DUE: Statement = Statement {
+    sql: "SELECT merchant_id, id, endpoint_id FROM webhook_deliveries \
+           WHERE status = 'pending' AND next_attempt_at <= now() \
+             AND endpoint_id <> ALL ($2) AND merchant_id <> ALL ($3) \
+           ORDER BY next_attempt_at LIMIT $1",
+    params: &[Type::INT8, Type::UUID_ARRAY, Type::UUID_ARRAY],
+};
+
+/// Claims the merchant `$1`'s delivery `$2` if it is still pending and due,
+/// by what its endpoint allows:
+/// - a live, enabled endpoint whose circuit breaker lets attempts through:
+///   the delivery is leased for `$3` ms (`locked_until`, and
+///   `next_attempt_at` moves to the end of the lease, so a dispatcher that
+///   dies mid-attempt leaves it to come due again then) and returned with
+///   what sending takes: the endpoint's URL and secret, and the event;
+/// - an endpoint the breaker holds back (`retry_at` still ahead): the
+///   delivery waits until then, which is not an attempt (`held`);
+/// - a deleted or disabled endpoint: the delivery is given up (`failed`).
 ///
-/// Each table is reached through its key from the few rows claimed, so no
-/// plan reads more than the batch whatever the statistics say.
-pub const CLAIM_DUE: Statement = Statement {
-    sql: "WITH due AS MATERIALIZED ( \
-              SELECT d.id, d.merchant_id, e.deleted_at IS NOT NULL AS endpoint_deleted \
-                FROM webhook_deliveries d \
-                JOIN webhook_endpoints e ON e.id = d.endpoint_id AND e.merchant_id = d.merchant_id \
-               WHERE d.status = 'pending' AND d.next_attempt_at <= now() \
-               ORDER BY d.next_attempt_at LIMIT $2 \
-               FOR UPDATE OF d SKIP LOCKED \
-          ), claimed AS ( \
-              UPDATE webhook_deliveries d \
-                 SET status = CASE WHEN due.endpoint_deleted THEN 'failed' ELSE 'pending' END, \
-                     locked_until = CASE WHEN due.endpoint_deleted THEN NULL \
-                                         ELSE now() + $1::bigint * interval '1 millisecond' END, \
-                     next_attempt_at = CASE WHEN due.endpoint_deleted THEN d.next_attempt_at \
-                                            ELSE now() + $1::bigint * interval '1 millisecond' END, \
-                     last_error = CASE WHEN due.endpoint_deleted THEN 'the endpoint was deleted' \
-                                       ELSE d.last_error END, \
-                     updated_at = now() \
-                FROM due \
-               WHERE d.id = due.id AND d.merchant_id = due.merchant_id \
-              RETURNING d.id, d.merchant_id, d.event_id, d.endpoint_id, d.status, d.attempts, \
-                        d.locked_until \
-          ) \
-          SELECT c.id, c.merchant_id, c.endpoint_id, c.status, c.attempts, c.locked_until, \
-                 e.url, e.secret, ev.id AS event_id, ev.type AS event_type, ev.data AS event_data, \
-                 ev.created_at AS event_created_at \
-            FROM claimed c \
-            JOIN webhook_endpoints e ON e.id = c.endpoint_id AND e.merchant_id = c.merchant_id \
-            JOIN events ev ON ev.id = c.event_id AND ev.merchant_id = c.merchant_id",
-    params: &[Type::INT8, Type::INT8],
+/// `state` says which. The CASEs take their times from `clock`, computed
+/// outside them: Citus refuses a function that is not immutable (`now()`,
+/// and adding an interval to a time) in a CASE of a change. Row locking
+/// makes the claim a single winner: a
+/// second claimer waits for the first, re-checks `next_attempt_at`, and
+/// matches nothing. One row by its key, one endpoint and one event by
+/// theirs; `status IS NOT DISTINCT FROM 'pending'` keeps the partial index
+/// of due deliveries out of the plan (`super::Statement`).
+pub const CLAIM: Statement = Statement {
+    sql: "UPDATE webhook_deliveries d \
+             SET status = CASE WHEN e.deleted_at IS NULL AND e.disabled_at IS NULL \
+                               THEN 'pending' ELSE 'failed' END, \
+                 locked_until = CASE WHEN e.deleted_at IS NULL AND e.disabled_at IS NULL \
+                                      AND (e.retry_at IS NULL OR e.retry_at <= clock.now) \
+                                     THEN clock.lease_ends END, \
+                 next_attempt_at = CASE WHEN e.deleted_at IS NOT NULL OR e.disabled_at IS NOT NULL \
+                                        THEN d.next_attempt_at \
+                                        WHEN e.retry_at > clock.now THEN e.retry_at \
+                                        ELSE clock.lease_ends END, \
+                 last_error = CASE WHEN e.deleted_at IS NOT NULL THEN 'the endpoint was deleted' \
+                                   WHEN e.disabled_at IS NOT NULL THEN 'the endpoint was disabled' \
+                                   ELSE d.last_error END, \
+                 updated_at = now() \
+            FROM webhook_endpoints e, events ev, \
+                 (SELECT now() AS now, \
+                         now() + $3::bigint * interval '1 millisecond' AS lease_ends) clock \
+           WHERE d.merchant_id = $1 AND d.id = $2 \
+             AND d.status IS NOT DISTINCT FROM 'pending' AND d.next_attempt_at <= now() \
+             AND e.merchant_id = $1 AND e.id = d.endpoint_id \
+             AND ev.merchant_id = $1 AND ev.id = d.event_id \
+          RETURNING d.id, d.merchant_id, d.endpoint_id, d.attempts, d.locked_until, \
+                    CASE WHEN e.deleted_at IS NOT NULL THEN 'deleted' \
+                         WHEN e.disabled_at IS NOT NULL THEN 'disabled' \
+                         WHEN d.locked_until IS NULL THEN 'held' \
+                         ELSE 'claimed' END AS state, \
+                    e.url, e.secret, e.consecutive_failures, \
+                    ev.id AS event_id, ev.type AS event_type, ev.data AS event_data, \
+                    ev.created_at AS event_created_at",
+    params: &[Type::UUID, Type::UUID, Type::INT8],
 };
 
 /// Records one attempt of a delivery we hold the lease `$3` of: counts it,
@@ -70,7 +102,7 @@ pub const CLAIM_DUE: Statement = Statement {
 /// failed) or pending again at now + `$7` ms; in the same statement the
 /// attempt itself goes into `webhook_attempts`. A lease that is no longer
 /// ours (it ran out and another dispatcher claimed the delivery) matches
-/// nothing and records nothing.
+/// nothing and records nothing. (`clock`: see `CLAIM`.)
 pub const RECORD_ATTEMPT: Statement = Statement {
     sql: "WITH updated AS ( \
               UPDATE webhook_deliveries \
@@ -78,12 +110,14 @@ pub const RECORD_ATTEMPT: Statement = Statement {
                      status = CASE WHEN $4 THEN 'delivered' \
                                    WHEN attempts + 1 >= $6 THEN 'failed' \
                                    ELSE 'pending' END, \
-                     next_attempt_at = CASE WHEN $4 OR attempts + 1 >= $6 THEN now() \
-                                            ELSE now() + $7::bigint * interval '1 millisecond' END, \
+                     next_attempt_at = CASE WHEN $4 OR attempts + 1 >= $6 THEN clock.now \
+                                            ELSE clock.next_try END, \
                      locked_until = NULL, \
                      last_status_code = $5, \
                      last_error = $8, \
                      updated_at = now() \
+                FROM (SELECT now() AS now, \
+                             now() + $7::bigint * interval '1 millisecond' AS next_try) clock \
                WHERE merchant_id = $1 AND id = $2 AND status IS NOT DISTINCT FROM 'pending' AND locked_until = $3 \
               RETURNING id, merchant_id, attempts, status, next_attempt_at \
           ), attempt AS ( \
@@ -122,6 +156,36 @@ pub const OF_EVENT: Statement = Statement {
     params: &[Type::UUID, Type::UUID],
 };
 
+/// A due delivery, as the claim's read found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DueDelivery {
+    pub merchant_id: MerchantId,
+    pub id: Uuid,
+    pub endpoint_id: WebhookEndpointId,
+}
+
+/// See `DUE`: up to `limit` due deliveries, none of `busy_endpoints` nor
+/// of `busy_merchants`.
+pub async fn due(
+    conn: &Conn,
+    limit: i64,
+    busy_endpoints: &[Uuid],
+    busy_merchants: &[Uuid],
+) -> Result<Vec<DueDelivery>, DbError> {
+    let rows = conn
+        .query(&DUE, &[&limit, &busy_endpoints, &busy_merchants])
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(DueDelivery {
+                merchant_id: MerchantId::from_uuid(column(row, "merchant_id")?),
+                id: column(row, "id")?,
+                endpoint_id: WebhookEndpointId::from_uuid(column(row, "endpoint_id")?),
+            })
+        })
+        .collect()
+}
+
 /// A delivery the dispatcher holds the lease of, with what sending takes.
 #[derive(Debug, Clone)]
 pub struct ClaimedDelivery {
@@ -134,55 +198,88 @@ pub struct ClaimedDelivery {
     pub lease: DateTime<Utc>,
     pub url: String,
     pub secret: WebhookSecret,
+    /// The endpoint's failed attempts in a row when this was claimed.
+    pub endpoint_failures: i32,
     pub event: Event,
 }
 
-/// What one claim took: deliveries to attempt, and how many it gave up
-/// because their endpoint was deleted.
+/// What one claim did with the deliveries it was given: those to attempt,
+/// and how many it held back for their endpoint's circuit breaker or gave
+/// up because their endpoint was deleted or disabled. Deliveries another
+/// dispatcher claimed first are in none of these.
 #[derive(Debug, Default)]
 pub struct Claim {
     pub deliveries: Vec<ClaimedDelivery>,
-    pub dropped: usize,
+    pub held: usize,
+    pub endpoint_deleted: usize,
+    pub endpoint_disabled: usize,
 }
 
 impl Claim {
-    /// How many due deliveries the claim took: to attempt, or given up.
+    /// How many due deliveries the claim changed: claimed, held or given up.
     pub fn taken(&self) -> usize {
-        self.deliveries.len() + self.dropped
+        self.deliveries.len() + self.held + self.endpoint_deleted + self.endpoint_disabled
     }
 }
 
-/// See `CLAIM_DUE`.
-pub async fn claim_due(conn: &Conn, lease: Duration, batch: i64) -> Result<Claim, DbError> {
-    let rows = conn
-        .query(&CLAIM_DUE, &[&super::records::lease_ms(lease), &batch])
-        .await?;
+/// Claims each of `deliveries` (`CLAIM`, one statement each, sent together
+/// in one transaction), leasing those to attempt for `lease`. They are
+/// claimed in key order, so two instances claiming some of the same
+/// deliveries lock them in the same order and never deadlock.
+pub async fn claim(
+    conn: &Conn,
+    lease: Duration,
+    deliveries: &[DueDelivery],
+) -> Result<Claim, DbError> {
+    let lease = super::records::lease_ms(lease);
+    let mut deliveries = deliveries.to_vec();
+    deliveries.sort_unstable_by_key(|d| (d.merchant_id, d.id));
+    deliveries.dedup();
+    let rows = super::records::per_row(conn, &deliveries, |delivery| async move {
+        conn.query_opt(
+            &CLAIM,
+            &[delivery.merchant_id.as_uuid(), &delivery.id, &lease],
+        )
+        .await
+    })
+    .await?;
     let mut claim = Claim::default();
-    for row in &rows {
-        let status: &str = column(row, "status")?;
-        if status != DeliveryStatus::Pending.as_str() {
-            claim.dropped += 1;
-            continue;
+    for row in rows.iter().flatten() {
+        match column::<&str>(row, "state")? {
+            "claimed" => claim.deliveries.push(claimed(row)?),
+            "held" => claim.held += 1,
+            "deleted" => claim.endpoint_deleted += 1,
+            "disabled" => claim.endpoint_disabled += 1,
+            other => {
+                return Err(DbError::Decode(format!(
+                    "column state: unknown claim state {other:?}"
+                )))
+            }
         }
-        let merchant_id = MerchantId::from_uuid(column(row, "merchant_id")?);
-        claim.deliveries.push(ClaimedDelivery {
-            id: column(row, "id")?,
-            merchant_id,
-            endpoint_id: WebhookEndpointId::from_uuid(column(row, "endpoint_id")?),
-            attempts: column(row, "attempts")?,
-            lease: column(row, "locked_until")?,
-            url: column(row, "url")?,
-            secret: WebhookSecret::from_stored(column(row, "secret")?),
-            event: Event {
-                id: EventId::from_uuid(column(row, "event_id")?),
-                merchant_id,
-                event_type: event_type(row, "event_type")?,
-                data: column(row, "event_data")?,
-                created_at: column(row, "event_created_at")?,
-            },
-        });
     }
     Ok(claim)
+}
+
+/// A delivery `CLAIM` leased, from its row.
+fn claimed(row: &Row) -> Result<ClaimedDelivery, DbError> {
+    let merchant_id = MerchantId::from_uuid(column(row, "merchant_id")?);
+    Ok(ClaimedDelivery {
+        id: column(row, "id")?,
+        merchant_id,
+        endpoint_id: WebhookEndpointId::from_uuid(column(row, "endpoint_id")?),
+        attempts: column(row, "attempts")?,
+        lease: column(row, "locked_until")?,
+        url: column(row, "url")?,
+        secret: WebhookSecret::from_stored(column(row, "secret")?),
+        endpoint_failures: column(row, "consecutive_failures")?,
+        event: Event {
+            id: EventId::from_uuid(column(row, "event_id")?),
+            merchant_id,
+            event_type: event_type(row, "event_type")?,
+            data: column(row, "event_data")?,
+            created_at: column(row, "event_created_at")?,
+        },
+    })
 }
 
 /// How one attempt ended.
@@ -298,12 +395,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn deliveries_given_up_count_as_taken() {
+    fn deliveries_held_or_given_up_count_as_taken() {
         let claim = Claim {
             deliveries: Vec::new(),
-            dropped: 3,
+            held: 2,
+            endpoint_deleted: 3,
+            endpoint_disabled: 1,
         };
-        assert_eq!(claim.taken(), 3);
+        assert_eq!(claim.taken(), 6);
         assert_eq!(Claim::default().taken(), 0);
     }
 }

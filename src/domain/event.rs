@@ -1,7 +1,8 @@
 //! Events: the outbox as merchants see it. Every state change of a charge or
 //! a refund is one event, written in the same transaction as the change
 //! (`db::charges::RECORD_OUTCOME`, …), with `data` = the object as the change
-//! left it. The same JSON is the answer of `GET /v1/events/{id}` and the body
+//! left it; so is a webhook endpoint's disabling by the circuit breaker
+//! (`db::webhook_endpoints::DISABLE`). The same JSON is the answer of `GET /v1/events/{id}` and the body
 //! of every webhook delivery of the event, byte for byte.
 
 use chrono::{DateTime, Utc};
@@ -9,7 +10,7 @@ use serde_json::Value;
 
 use super::{EventId, MerchantId};
 
-/// The six kinds of event; the database allows exactly these
+/// The kinds of event; the database allows exactly these
 /// (`events_type_valid`, `webhook_endpoints_types_valid`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum EventType {
@@ -19,17 +20,20 @@ pub enum EventType {
     RefundPending,
     RefundSucceeded,
     RefundFailed,
+    /// The circuit breaker disabled one of the merchant's webhook endpoints.
+    WebhookEndpointDisabled,
 }
 
 impl EventType {
     /// Every type, in the order lists show them.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::ChargePending,
         Self::ChargeSucceeded,
         Self::ChargeFailed,
         Self::RefundPending,
         Self::RefundSucceeded,
         Self::RefundFailed,
+        Self::WebhookEndpointDisabled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -40,6 +44,7 @@ impl EventType {
             Self::RefundPending => "refund.pending",
             Self::RefundSucceeded => "refund.succeeded",
             Self::RefundFailed => "refund.failed",
+            Self::WebhookEndpointDisabled => "webhook_endpoint.disabled",
         }
     }
 
@@ -59,7 +64,8 @@ pub struct Event {
     pub id: EventId,
     pub merchant_id: MerchantId,
     pub event_type: EventType,
-    /// The charge or refund as the change left it (its public JSON).
+    /// The charge, refund or webhook endpoint as the change left it (its
+    /// public JSON).
     pub data: Value,
     pub created_at: DateTime<Utc>,
 }
@@ -82,7 +88,7 @@ mod tests {
         assert_eq!(
             EventType::names(),
             "charge.pending, charge.succeeded, charge.failed, \
-             refund.pending, refund.succeeded, refund.failed"
+             refund.pending, refund.succeeded, refund.failed, webhook_endpoint.disabled"
         );
     }
 

@@ -22,7 +22,8 @@ pub const MAX_URL_CHARS: usize = 2048;
 /// A validated endpoint request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewWebhookEndpoint {
-    /// http or https, parsed and normalised (lower-case scheme and host, a
+    /// http or https, exactly as sent but for the normalisation
+    /// `strict_url` allows (lower-case scheme and host, no default port, a
     /// path of at least `/`): what is stored and connected to.
     pub url: Url,
     /// `None`: every type. Otherwise non-empty, each type once, in
@@ -65,25 +66,86 @@ fn parse_url(value: Option<&Value>, errors: &mut Vec<FieldError>) -> Option<Url>
         None | Some(Value::Null) => {
             "required: the http:// or https:// URL to send events to".into()
         }
-        Some(Value::String(text)) if text.chars().count() > MAX_URL_CHARS => {
-            format!("must be at most {MAX_URL_CHARS} characters")
-        }
-        Some(Value::String(text)) => match Url::parse(text) {
-            Ok(url) if !matches!(url.scheme(), "http" | "https") => {
-                "must be an http:// or https:// URL".into()
-            }
-            Ok(url) if url.host().is_none() => "must name a host".into(),
-            // Normalising may percent-encode and so lengthen it.
-            Ok(url) if url.as_str().chars().count() > MAX_URL_CHARS => {
-                format!("must be at most {MAX_URL_CHARS} characters once normalised")
-            }
+        Some(Value::String(text)) => match strict_url(text) {
             Ok(url) => return Some(url),
-            Err(error) => format!("must be an absolute http:// or https:// URL ({error})"),
+            Err(message) => message,
         },
         Some(_) => "must be a string".into(),
     };
     errors.push(FieldError::new("url", message));
     None
+}
+
+/// `text` as a URL, if it is one and is written the way it is read. The
+/// WHATWG parser (`url::Url`) repairs what it can: it drops control
+/// characters and white space, percent-encodes, resolves `..`, reads
+/// `http:///x` as the host `x` and `0x7f000001` as `127.0.0.1`. An endpoint
+/// stores what was sent, so a URL the parser would have to change is
+/// refused, saying how it reads. The only changes made are the documented
+/// normalisation (docs/api.md): scheme and host in lower case, the scheme's
+/// default port left out, an empty path written `/`. User names and
+/// passwords (`user:pass@host`) and fragments (`#…`, never sent) are
+/// refused too.
+fn strict_url(text: &str) -> Result<Url, String> {
+    if text.chars().count() > MAX_URL_CHARS {
+        return Err(format!("must be at most {MAX_URL_CHARS} characters"));
+    }
+    if let Some((at, c)) = text.char_indices().find(|(_, c)| c.is_control()) {
+        return Err(format!(
+            "must not contain control characters (U+{:04X} at byte {at})",
+            u32::from(c)
+        ));
+    }
+    if let Some((at, _)) = text.char_indices().find(|(_, c)| c.is_whitespace()) {
+        return Err(format!(
+            "must not contain white space (at byte {at}); percent-encode it"
+        ));
+    }
+    let url = Url::parse(text).map_err(|error| match error {
+        url::ParseError::EmptyHost => "must name a host (http://host/...)".to_owned(),
+        error => format!("must be an absolute http:// or https:// URL ({error})"),
+    })?;
+    let scheme = url.scheme();
+    if !matches!(scheme, "http" | "https") {
+        return Err("must be an http:// or https:// URL".into());
+    }
+    // The parser took the scheme from the text, so it is its first
+    // `scheme.len()` bytes, in some letter case, followed by ':'.
+    let after_scheme = text.get(scheme.len() + 1..).unwrap_or("");
+    let Some(after_slashes) = after_scheme.strip_prefix("//") else {
+        return Err(format!("must start with {scheme}://"));
+    };
+    let authority_ends = after_slashes
+        .find(['/', '?', '#', '\\'])
+        .unwrap_or(after_slashes.len());
+    let (authority, rest) = after_slashes.split_at(authority_ends);
+    if authority.is_empty() {
+        return Err(format!("must name a host ({scheme}://host/...)"));
+    }
+    if authority.contains('@') || !url.username().is_empty() || url.password().is_some() {
+        return Err("must not contain a user name or password (user@host)".into());
+    }
+    if url.fragment().is_some() {
+        return Err("must not have a fragment (#...): it is never sent".into());
+    }
+    let default_port = if scheme == "http" { ":80" } else { ":443" };
+    let authority = authority.to_ascii_lowercase();
+    let authority = authority.strip_suffix(default_port).unwrap_or(&authority);
+    let path = if rest.starts_with('/') { "" } else { "/" };
+    let as_sent = format!("{scheme}://{authority}{path}{rest}");
+    if as_sent != url.as_str() {
+        return Err(format!(
+            "must be written the way it is read: it reads as {url} (only the scheme's and \
+             host's letter case, a default port and an empty path are normalised)"
+        ));
+    }
+    // Normalising may add a `/`, and so lengthen it.
+    if url.as_str().chars().count() > MAX_URL_CHARS {
+        return Err(format!(
+            "must be at most {MAX_URL_CHARS} characters once normalised"
+        ));
+    }
+    Ok(url)
 }
 
 fn parse_event_types(
@@ -176,6 +238,9 @@ pub struct WebhookEndpoint {
     pub fingerprint: Fingerprint,
     pub created_at: DateTime<Utc>,
     pub deleted_at: Option<DateTime<Utc>>,
+    /// When the circuit breaker disabled it, after its attempts kept
+    /// failing; no delivery goes to it any more.
+    pub disabled_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -303,20 +368,106 @@ mod tests {
                 format!("must be at most {MAX_URL_CHARS} characters")
             )]
         );
-        // A space is three characters once percent-encoded: the raw URL is
-        // within the limit, the normalised one at it or one over.
-        let spaced = |chars: usize| url(chars - 3).replacen(".com/", ".com/ ", 1);
-        let endpoint = NewWebhookEndpoint::parse(&json!({ "url": spaced(MAX_URL_CHARS) }))
+        // Without a path, normalising adds `/`: within the limit as sent,
+        // at it or one over once normalised.
+        let query = |chars: usize| {
+            let prefix = "https://example.com?";
+            format!("{prefix}{}", "a".repeat(chars - prefix.len()))
+        };
+        let endpoint = NewWebhookEndpoint::parse(&json!({ "url": query(MAX_URL_CHARS - 1) }))
             .expect("at the limit once normalised");
         assert_eq!(endpoint.url.as_str().chars().count(), MAX_URL_CHARS);
         assert_eq!(
-            NewWebhookEndpoint::parse(&json!({ "url": spaced(MAX_URL_CHARS + 1) }))
+            NewWebhookEndpoint::parse(&json!({ "url": query(MAX_URL_CHARS) }))
                 .expect_err("over the limit once normalised"),
             [FieldError::new(
                 "url",
                 format!("must be at most {MAX_URL_CHARS} characters once normalised")
             )]
         );
+    }
+
+    /// The message for `url`, which must be refused.
+    fn refused(url: &str) -> String {
+        let errors = NewWebhookEndpoint::parse(&json!({ "url": url }))
+            .expect_err(&format!("{url:?} is refused"));
+        assert_eq!(errors.len(), 1, "{url:?}: {errors:?}");
+        assert_eq!(errors[0].field, "url", "{url:?}");
+        errors[0].message.clone()
+    }
+
+    #[test]
+    fn a_url_the_parser_would_repair_is_refused() {
+        for (url, says) in [
+            ("http://127.0.0.1:18100/x\r\nX-Injected: 1", "U+000D"),
+            ("http://127.0.0.1:18100/x\nX-Injected: 1", "U+000A"),
+            ("http://127.0.0.1:18100/x\u{0}", "U+0000"),
+            ("http://example.com/\u{1b}[31m", "U+001B"),
+            ("http://exa\tmple.com/", "U+0009"),
+            ("http://example.com/\u{7f}", "U+007F"),
+            ("http://example.com/\u{85}", "U+0085"),
+            (" http://example.com/", "white space"),
+            ("http://example.com/a b", "white space"),
+            ("http://example.com/\u{a0}", "white space"),
+            ("http:///x", "must name a host"),
+            ("https:///", "must name a host"),
+            ("http://?x", "must name a host"),
+            ("http:/example.com/", "must start with http://"),
+            ("http:example.com", "must start with http://"),
+            ("http://user@example.com/", "user name or password"),
+            ("http://user:pass@example.com/", "user name or password"),
+            ("http://@example.com/", "user name or password"),
+            ("http://example.com/#frag", "fragment"),
+            ("http://example.com/#", "fragment"),
+            ("http://example.com/a/../b", "reads as http://example.com/b"),
+            ("http://example.com/./a", "reads as http://example.com/a"),
+            ("http://example.com\\a", "reads as http://example.com/a"),
+            ("http://0x7f000001/", "reads as http://127.0.0.1/"),
+            ("http://2130706433/", "reads as http://127.0.0.1/"),
+            (
+                "http://[::ffff:127.0.0.1]/",
+                "reads as http://[::ffff:7f00:1]/",
+            ),
+            (
+                "http://b\u{fc}cher.de/",
+                "reads as http://xn--bcher-kva.de/",
+            ),
+            (
+                "http://example.com/\u{e9}",
+                "reads as http://example.com/%C3%A9",
+            ),
+            ("http://ex%41mple.com/", "reads as http://example.com/"),
+            ("http://example.com:/", "reads as http://example.com/"),
+            ("http://example.com:0080/", "reads as http://example.com/"),
+        ] {
+            let message = refused(url);
+            assert!(message.contains(says), "{url:?}: {message}");
+        }
+    }
+
+    #[test]
+    fn only_the_documented_normalisation_is_applied() {
+        for (sent, stored) in [
+            ("HTTPS://Example.COM", "https://example.com/"),
+            (
+                "http://EXAMPLE.com:80/Path?Q=A",
+                "http://example.com/Path?Q=A",
+            ),
+            ("https://example.com:443", "https://example.com/"),
+            ("https://example.com:8443/x", "https://example.com:8443/x"),
+            ("http://example.com?a=1", "http://example.com/?a=1"),
+            ("http://[2001:DB8::1]:8080/h", "http://[2001:db8::1]:8080/h"),
+            (
+                "http://127.0.0.1:18100/x%0D%0A",
+                "http://127.0.0.1:18100/x%0D%0A",
+            ),
+            ("https://example.com/a%20b", "https://example.com/a%20b"),
+            ("http://xn--bcher-kva.de/", "http://xn--bcher-kva.de/"),
+        ] {
+            let endpoint = NewWebhookEndpoint::parse(&json!({ "url": sent }))
+                .unwrap_or_else(|e| panic!("{sent:?}: {e:?}"));
+            assert_eq!(endpoint.url.as_str(), stored, "{sent:?}");
+        }
     }
 
     #[test]

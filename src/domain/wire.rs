@@ -115,7 +115,8 @@ impl<'a> From<&'a Event> for api::Event<'a> {
 }
 
 /// The public form of an endpoint: never the secret. A deleted endpoint
-/// shows `"enabled": false, "deleted": true`.
+/// shows `"enabled": false, "deleted": true`; one the circuit breaker
+/// disabled, `"enabled": false`.
 impl From<&WebhookEndpoint> for api::WebhookEndpoint {
     fn from(endpoint: &WebhookEndpoint) -> Self {
         let deleted = endpoint.deleted_at.is_some();
@@ -128,7 +129,7 @@ impl From<&WebhookEndpoint> for api::WebhookEndpoint {
                 .as_ref()
                 .map(|types| types.iter().map(|&t| t.into()).collect()),
             secret: None,
-            enabled: !deleted,
+            enabled: !deleted && endpoint.disabled_at.is_none(),
             created_at: time(endpoint.created_at),
             deleted,
         }
@@ -211,6 +212,7 @@ impl From<EventType> for api::EventType {
             EventType::RefundPending => Self::RefundPending,
             EventType::RefundSucceeded => Self::RefundSucceeded,
             EventType::RefundFailed => Self::RefundFailed,
+            EventType::WebhookEndpointDisabled => Self::WebhookEndpointDisabled,
         }
     }
 }
@@ -325,6 +327,7 @@ mod tests {
             fingerprint: Fingerprint::ZERO,
             created_at: Utc::now(),
             deleted_at: None,
+            disabled_at: None,
         };
         let json = |endpoint: api::WebhookEndpoint| serde_json::to_value(endpoint).expect("json");
         let created = json(endpoint.as_created());
@@ -346,5 +349,13 @@ mod tests {
             serde_json::to_string(&deleted.as_created()).expect("json"),
             serde_json::to_string(&endpoint.as_created()).expect("json")
         );
+        // Disabled by the circuit breaker: listed, not enabled, not deleted.
+        let disabled = WebhookEndpoint {
+            disabled_at: Some(Utc::now()),
+            ..endpoint.clone()
+        };
+        let shown = json((&disabled).into());
+        assert_eq!(shown["enabled"], json!(false));
+        assert!(shown.get("deleted").is_none() && shown.get("secret").is_none());
     }
 }

@@ -435,6 +435,24 @@ fn problems_of(operation: &Operation) -> BTreeMap<u16, Vec<(&'static str, ApiErr
             ApiError::IdempotencyKeyInvalid(KeyError::BadCharacter),
         ));
     }
+    if operation.operation_id.as_deref() == Some("createWebhookEndpoint") {
+        problems.extend([
+            (
+                "invalid_request_endpoints_cap",
+                ApiError::invalid(
+                    "this merchant already has 16 webhook endpoints, the most it may have \
+                     (webhooks.max_endpoints_per_merchant): delete one to create another",
+                    vec![],
+                ),
+            ),
+            (
+                "webhook_endpoint_deleted",
+                ApiError::WebhookEndpointDeleted {
+                    id: "we_0193a5c1e0b37f7aa1e0c2d4b5f6a7c1".to_owned(),
+                },
+            ),
+        ]);
+    }
     if operation.operation_id.as_deref() == Some("createRefund") {
         problems.extend([
             (
@@ -482,6 +500,9 @@ pub fn advice(code: &str) -> &'static str {
         "not_found" => "no such resource for this merchant; do not retry",
         "charge_not_refundable" | "refund_exceeds_charge" => {
             "nothing was refunded; do not retry as is"
+        }
+        "webhook_endpoint_deleted" => {
+            "the endpoint this key created was deleted: create a new one with a new key"
         }
         "method_not_allowed" => "use a method the path has",
         "payload_too_large" | "unsupported_media_type" => "fix the request; nothing was processed",

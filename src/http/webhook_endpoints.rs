@@ -1,7 +1,8 @@
 //! `/v1/webhook_endpoints`: create (idempotent, like a charge: the same key
 //! and body replay the first answer byte for byte, its secret included, with
-//! `Idempotent-Replayed: true`; another body is 422), list (no secrets) and
-//! delete.
+//! `Idempotent-Replayed: true`, as long as the endpoint is not deleted; once
+//! it is, 409 `webhook_endpoint_deleted` without the secret; another body is
+//! 422), list (no secrets) and delete.
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -52,6 +53,14 @@ pub(super) async fn create(
     let reply = endpoints
         .create(merchant, &key, fingerprint, &new_endpoint)
         .await?;
+    // A deleted endpoint's secret is not handed out again, to anyone who
+    // replays its creation: the client learns it is gone, and that a new
+    // endpoint needs a new key.
+    if reply.endpoint.deleted_at.is_some() {
+        return Err(ApiError::WebhookEndpointDeleted {
+            id: reply.endpoint.id.to_string(),
+        });
+    }
     // From the stored row alone, so a replay is the same bytes.
     let body = render::to_json(&reply.endpoint.as_created())?;
     let mut response = HttpResponse::build(StatusCode::CREATED);

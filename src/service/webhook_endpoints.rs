@@ -4,9 +4,14 @@
 //! key's row is either ours, or an earlier request's to replay (or, with a
 //! different body, a 422).
 //!
-//! With `webhooks.allow_private_targets = false` the URL's host must resolve
-//! to public addresses only, checked before anything is stored.
+//! A merchant has at most `webhooks.max_endpoints_per_merchant` live
+//! endpoints; a creation past that is refused (a replay of an earlier one
+//! is not). With `webhooks.allow_private_targets = false` the URL's host
+//! must resolve to public addresses only, checked before anything is
+//! stored.
 
+use crate::config::WebhookSettings;
+use crate::db::webhook_endpoints::Inserted;
 use crate::db::{self, Database};
 use crate::domain::{
     FieldError, IdempotencyKey, MerchantId, NewWebhookEndpoint, RequestFingerprint,
@@ -30,19 +35,21 @@ pub struct EndpointReply {
 pub struct WebhookEndpoints {
     db: Database,
     targets: TargetPolicy,
+    max_endpoints: i32,
 }
 
 impl WebhookEndpoints {
-    pub fn new(db: Database, targets: TargetPolicy) -> Self {
-        Self { db, targets }
+    pub fn new(db: Database, settings: &WebhookSettings) -> Self {
+        Self {
+            db,
+            targets: TargetPolicy::new(settings.allow_private_targets),
+            max_endpoints: settings.max_endpoints_per_merchant,
+        }
     }
 
     /// The same flows on another pool.
     pub fn with_database(&self, db: Database) -> Self {
-        Self {
-            db,
-            targets: self.targets,
-        }
+        Self { db, ..self.clone() }
     }
 
     pub async fn create(
@@ -70,10 +77,23 @@ impl WebhookEndpoints {
             &fingerprint.current,
             request,
             &WebhookSecret::generate(),
+            self.max_endpoints,
         )
         .await?;
-        let Some((endpoint, created)) = found else {
-            return Err(ServiceError::KeyContended);
+        let (endpoint, created) = match found {
+            Some(Inserted::Created(endpoint)) => (endpoint, true),
+            Some(Inserted::Found(endpoint)) => (endpoint, false),
+            Some(Inserted::Full) => {
+                return Err(ServiceError::Invalid {
+                    detail: format!(
+                        "this merchant already has {} webhook endpoints, the most it may have \
+                         (webhooks.max_endpoints_per_merchant): delete one to create another",
+                        self.max_endpoints
+                    ),
+                    errors: Vec::new(),
+                })
+            }
+            None => return Err(ServiceError::KeyContended),
         };
         // Same key, different request: a client bug. Never act on it.
         if !fingerprint.matches(&endpoint.fingerprint) {
@@ -99,7 +119,8 @@ impl WebhookEndpoints {
     }
 
     /// Deletes a live endpoint: no new deliveries to it, pending ones are
-    /// given up. A deleted (or unknown) endpoint is `NotFound`.
+    /// given up, and its place counts no more against the merchant's cap. A
+    /// deleted (or unknown) endpoint is `NotFound`.
     pub async fn delete(
         &self,
         merchant: MerchantId,

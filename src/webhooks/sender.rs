@@ -243,6 +243,10 @@ mod tests {
             batch_size: 1,
             backoff_base: Duration::from_secs(1),
             max_backoff: Duration::from_secs(1),
+            max_endpoints_per_merchant: 1,
+            max_in_flight_per_endpoint: 1,
+            trip_after_failures: 1,
+            disable_after: Duration::from_secs(1),
         };
         Sender::new(&settings).expect("the client builds")
     }

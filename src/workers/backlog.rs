@@ -1,5 +1,5 @@
 //! The outbox backlog for the metrics: every second, one statement
-//! (`db::events::BACKLOG`, reading partial indexes only) on the
+//! (`db::events::BACKLOG`, a bounded read across merchants) on the
 //! dispatcher's pool, its result set as the `chargeonce_webhook_*` backlog
 //! gauges. A loop of its own rather than a step of the dispatcher's rounds,
 //! so the gauges keep telling the truth when rounds are far apart
@@ -36,6 +36,7 @@ pub async fn run(db: Database, stop: CancellationToken) {
         match measured {
             Ok(backlog) => crate::metrics::webhook_backlog(
                 backlog.undispatched_events,
+                backlog.set_aside_events,
                 backlog.pending_deliveries,
                 backlog.oldest_age_seconds,
             ),

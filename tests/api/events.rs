@@ -178,9 +178,11 @@ async fn another_merchants_event_is_404_and_not_listed() {
 }
 
 /// Like `plans.rs` for charges: on empty, never-analyzed tables every
-/// statement of the outbox goes through an index, never a scan of a whole
-/// table that grows with every charge (a generic plan made while the table
-/// is small is kept as it grows).
+/// statement of the outbox and of webhooks goes through an index, never a
+/// scan of a whole table that grows with every charge (a generic plan made
+/// while the table is small is kept as it grows); and a statement that
+/// names its row by key never reads the partial index of due deliveries,
+/// whose predicate its status condition could imply.
 #[tokio::test]
 async fn outbox_statements_do_not_depend_on_statistics() {
     if crate::helpers::skipped_on_citus(
@@ -192,12 +194,25 @@ async fn outbox_statements_do_not_depend_on_statistics() {
     {
         return;
     }
+    use chargeonce::db::Statement;
+    // A probe of the primary key, or of the live endpoints' index by both
+    // of its columns.
+    const BY_MERCHANT_AND_ID: &str = "Index Cond: ((merchant_id = $1) AND (id = $2))";
     let database = migrated_database().await;
     let client = database.client().await;
-    let cases = [
+    let cases: [(&str, &Statement, &str); 24] = [
         ("events::LIST", &events::LIST, "events_listing"),
         ("events::FIND", &events::FIND, "events_listing"),
+        ("events::QUEUED", &events::QUEUED, "event_queue_pkey"),
         ("events::FAN_OUT", &events::FAN_OUT, "event_queue_pkey"),
+        // The merchant's live endpoints (the partial index of them), only
+        // once the event is taken.
+        (
+            "events::FAN_OUT",
+            &events::FAN_OUT,
+            "webhook_endpoints_of_merchant",
+        ),
+        ("events::SET_ASIDE", &events::SET_ASIDE, "event_queue_pkey"),
         ("events::BACKLOG", &events::BACKLOG, "event_queue_pkey"),
         (
             "events::BACKLOG",
@@ -205,14 +220,29 @@ async fn outbox_statements_do_not_depend_on_statistics() {
             "webhook_deliveries_due",
         ),
         (
+            "events::EXPIRED",
+            &events::EXPIRED,
+            "webhook_deliveries_one_per_endpoint",
+        ),
+        (
             "events::DELETE_EXPIRED",
             &events::DELETE_EXPIRED,
             "webhook_deliveries_one_per_endpoint",
         ),
         (
-            "webhook_deliveries::CLAIM_DUE",
-            &webhook_deliveries::CLAIM_DUE,
+            "events::DELETE_EXPIRED",
+            &events::DELETE_EXPIRED,
+            "event_queue_pkey",
+        ),
+        (
+            "webhook_deliveries::DUE",
+            &webhook_deliveries::DUE,
             "webhook_deliveries_due",
+        ),
+        (
+            "webhook_deliveries::CLAIM",
+            &webhook_deliveries::CLAIM,
+            "webhook_deliveries_pkey",
         ),
         (
             "webhook_deliveries::RECORD_ATTEMPT",
@@ -225,6 +255,21 @@ async fn outbox_statements_do_not_depend_on_statistics() {
             "webhook_deliveries_one_per_endpoint",
         ),
         (
+            "webhook_endpoints::INSERT_OR_FIND",
+            &webhook_endpoints::INSERT_OR_FIND,
+            "webhook_endpoints_one_per_slot",
+        ),
+        (
+            "webhook_endpoints::INSERT_OR_FIND",
+            &webhook_endpoints::INSERT_OR_FIND,
+            "webhook_endpoints_merchant_key_unique",
+        ),
+        (
+            "webhook_endpoints::SLOTS_TAKEN",
+            &webhook_endpoints::SLOTS_TAKEN,
+            "webhook_endpoints_one_per_slot",
+        ),
+        (
             "webhook_endpoints::FIND_BY_KEY",
             &webhook_endpoints::FIND_BY_KEY,
             "webhook_endpoints_merchant_key_unique",
@@ -234,21 +279,133 @@ async fn outbox_statements_do_not_depend_on_statistics() {
             &webhook_endpoints::LIST,
             "webhook_endpoints_of_merchant",
         ),
+        (
+            "webhook_endpoints::DELETE",
+            &webhook_endpoints::DELETE,
+            BY_MERCHANT_AND_ID,
+        ),
+        (
+            "webhook_endpoints::FAILED",
+            &webhook_endpoints::FAILED,
+            BY_MERCHANT_AND_ID,
+        ),
+        (
+            "webhook_endpoints::RECOVERED",
+            &webhook_endpoints::RECOVERED,
+            "webhook_endpoints_pkey",
+        ),
+        (
+            "webhook_endpoints::DISABLE",
+            &webhook_endpoints::DISABLE,
+            BY_MERCHANT_AND_ID,
+        ),
     ];
+    let mut failures = Vec::new();
     for (name, statement, index) in cases {
         let plan = generic_plan(&client, statement).await;
-        assert!(plan.contains(index), "{name} does not use {index}:\n{plan}");
+        if !plan.contains(index) {
+            failures.push(format!("{name} does not use {index}:\n{plan}"));
+        }
         for table in [
             "events",
             "event_queue",
             "webhook_deliveries",
             "webhook_attempts",
+            "webhook_endpoints",
         ] {
+            if plan.contains(&format!("Seq Scan on {table} ")) {
+                failures.push(format!("{name} scans all of {table}:\n{plan}"));
+            }
+        }
+    }
+    for (name, statement) in [
+        ("webhook_deliveries::CLAIM", &webhook_deliveries::CLAIM),
+        (
+            "webhook_deliveries::RECORD_ATTEMPT",
+            &webhook_deliveries::RECORD_ATTEMPT,
+        ),
+        ("events::DELETE_EXPIRED", &events::DELETE_EXPIRED),
+    ] {
+        let plan = generic_plan(&client, statement).await;
+        if plan.contains("webhook_deliveries_due") {
+            failures.push(format!("{name} reads the due deliveries:\n{plan}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// On a database distributed by merchant (Citus), a statement that looks
+/// across merchants may only read, without locking: Citus refuses `FOR
+/// UPDATE … SKIP LOCKED` across shards and a multi-shard UPDATE with
+/// `now()` in a CASE, and a change across merchants would lock rows on
+/// every node. So the workers' statements that look across merchants are
+/// plain reads, and every statement that changes or locks existing rows
+/// names its merchant (`merchant_id = $n`): what the workers change they
+/// change merchant by merchant (`events::FAN_OUT`,
+/// `webhook_deliveries::CLAIM`, …). No statement uses `ctid` (a row's place
+/// on one node) or a subquery of no columns (`SELECT FROM`, which Citus
+/// mishandles). Before, the fan-out, the claim and event retention locked
+/// and changed rows of every merchant in one statement.
+#[test]
+fn statements_across_merchants_only_read() {
+    const ACROSS_MERCHANTS: [&str; 8] = [
+        "charges::ABANDONED",
+        "charges::EXPIRED_KEYS",
+        "refunds::ABANDONED",
+        "refunds::EXPIRED_KEYS",
+        "events::QUEUED",
+        "events::EXPIRED",
+        "events::BACKLOG",
+        "webhook_deliveries::DUE",
+    ];
+    let mut changing = 0;
+    for (name, statement) in chargeonce::db::ALL_STATEMENTS {
+        let sql = statement
+            .sql
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .to_uppercase();
+        assert!(!sql.contains("CTID"), "{name} uses ctid");
+        assert!(
+            !sql.contains("SELECT FROM"),
+            "{name} has a subquery of no columns"
+        );
+        let changes: Vec<&str> = [
+            "UPDATE ",
+            "DELETE ",
+            "FOR UPDATE",
+            "FOR SHARE",
+            "FOR NO KEY",
+            "SKIP LOCKED",
+        ]
+        .into_iter()
+        .filter(|change| sql.contains(change))
+        .collect();
+        if ACROSS_MERCHANTS.contains(name) {
             assert!(
-                !plan.contains(&format!("Seq Scan on {table}")),
-                "{name} scans all of {table}:\n{plan}"
+                changes.is_empty() && !sql.contains("INSERT "),
+                "{name} looks across merchants and changes or locks rows ({changes:?})"
+            );
+        } else if !changes.is_empty() && !name.starts_with("merchants::") {
+            changing += 1;
+            assert!(
+                statement.sql.contains("merchant_id = $"),
+                "{name} changes or locks rows ({changes:?}) without naming its merchant"
             );
         }
+    }
+    assert!(
+        changing >= 20,
+        "the statements that change rows ({changing})"
+    );
+    for name in ACROSS_MERCHANTS {
+        assert!(
+            chargeonce::db::ALL_STATEMENTS
+                .iter()
+                .any(|(known, _)| *known == name),
+            "{name} is not a statement"
+        );
     }
 }
 

@@ -350,6 +350,7 @@ fn every_problem_code_is_documented_with_an_example() {
         "not_found",
         "charge_not_refundable",
         "refund_exceeds_charge",
+        "webhook_endpoint_deleted",
         "payload_too_large",
         "unsupported_media_type",
         "request_timeout",

@@ -89,17 +89,17 @@ const NOT_PER_MERCHANT: [&str; 3] = ["merchants", "api_keys", "refinery_schema_h
 
 /// Statements that work for every merchant by design (the background
 /// workers' scans, docs/scaling.md "Background workers"), or that read only
-/// the tables above. The workers' scans of charges and refunds only read:
-/// what they find is claimed or released merchant by merchant.
+/// the tables above. The workers' scans only read: what they find is
+/// claimed, released, fanned out or deleted merchant by merchant.
 const ACROSS_MERCHANTS: [&str; 13] = [
     "charges::ABANDONED",
     "charges::EXPIRED_KEYS",
     "refunds::ABANDONED",
     "refunds::EXPIRED_KEYS",
-    "events::FAN_OUT",
-    "events::DELETE_EXPIRED",
+    "events::QUEUED",
+    "events::EXPIRED",
     "events::BACKLOG",
-    "webhook_deliveries::CLAIM_DUE",
+    "webhook_deliveries::DUE",
     "merchants::CREATE",
     "merchants::ENSURE",
     "merchants::FIND_BY_DIGEST",

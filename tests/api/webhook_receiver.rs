@@ -357,3 +357,61 @@ pub fn duplicates(arrivals: &HashMap<String, usize>) -> HashSet<String> {
         .map(|(id, _)| id.clone())
         .collect()
 }
+
+/// A receiver that accepts connections and never answers (a hung server),
+/// counting the connections it holds: how many at most at once, and how
+/// many in all. A connection ends when the sender gives up and closes it.
+pub struct Hung {
+    pub url: String,
+    counts: Arc<Mutex<HungCounts>>,
+    accept: JoinHandle<()>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HungCounts {
+    pub open: usize,
+    pub most_open: usize,
+    pub accepted: usize,
+}
+
+impl Drop for Hung {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+impl Hung {
+    pub async fn start() -> Self {
+        use tokio::io::AsyncReadExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+        let counts = Arc::new(Mutex::new(HungCounts::default()));
+        let shared = counts.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                {
+                    let mut counts = shared.lock().unwrap();
+                    counts.open += 1;
+                    counts.accepted += 1;
+                    counts.most_open = counts.most_open.max(counts.open);
+                }
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    // Read (and ignore) until the sender closes.
+                    let mut buffer = [0u8; 4096];
+                    while matches!(socket.read(&mut buffer).await, Ok(n) if n > 0) {}
+                    shared.lock().unwrap().open -= 1;
+                });
+            }
+        });
+        Self {
+            url,
+            counts,
+            accept,
+        }
+    }
+
+    pub fn counts(&self) -> HungCounts {
+        *self.counts.lock().unwrap()
+    }
+}
