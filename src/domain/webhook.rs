@@ -243,6 +243,19 @@ pub struct WebhookEndpoint {
     pub disabled_at: Option<DateTime<Utc>>,
 }
 
+impl WebhookEndpoint {
+    /// The normalised request this endpoint was created from, as its
+    /// fingerprint was taken (`None` for a key stored under an older
+    /// fingerprint scheme): what a reuse of its key is compared with.
+    pub fn first_request(&self) -> Option<serde_json::Value> {
+        let request = serde_json::json!({
+            "url": self.url,
+            "event_types": self.event_types.as_ref().map(|types| type_names(types)),
+        });
+        super::differences::first_request(&self.fingerprint, vec![request])
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeliveryStatus {
     /// Not delivered yet; attempted again at `next_attempt_at`.

@@ -20,6 +20,7 @@ use crate::domain::{
 use crate::webhooks::TargetPolicy;
 
 use super::ServiceError;
+use crate::domain::differences::differing_fields;
 
 /// An endpoint to answer a creation with; `replayed` when the key already
 /// existed.
@@ -95,11 +96,17 @@ impl WebhookEndpoints {
             }
             None => return Err(ServiceError::KeyContended),
         };
-        // Same key, different request: a client bug. Never act on it.
+        // Same key, different request: a client bug. Never act on it; say
+        // which fields differ.
         if !fingerprint.matches(&endpoint.fingerprint) {
-            return Err(ServiceError::KeyReused {
-                differing_fields: None,
-            });
+            let differing_fields = endpoint
+                .first_request()
+                .map(|first| differing_fields(&first, &request.normalised()));
+            crate::metrics::mismatched_fields(
+                "webhook_endpoint",
+                differing_fields.as_deref().unwrap_or_default(),
+            );
+            return Err(ServiceError::KeyReused { differing_fields });
         }
         Ok(EndpointReply {
             endpoint,

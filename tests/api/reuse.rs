@@ -85,3 +85,34 @@ async fn a_reused_refund_key_names_the_fields_and_the_charge_that_differ() {
     assert_eq!(problem["differing_fields"], json!(["charge", "reason"]));
     assert_eq!(app.count("SELECT count(*) FROM refunds").await, 1);
 }
+
+#[tokio::test]
+async fn a_reused_webhook_endpoint_key_names_the_fields_that_differ() {
+    use crate::webhook_receiver::post_endpoint;
+    let app = spawn_app().await;
+    let first = r#"{"url": "http://127.0.0.1:9/hooks", "event_types": ["charge.succeeded"]}"#;
+    let (status, _, body) = post_endpoint(&app.address, &app.api_key, "endpoint-1", first).await;
+    assert_eq!(status, 201, "{body}");
+    // The same endpoint asked for again, written differently, replays.
+    let same = r#"{"event_types": ["charge.succeeded"], "url": "HTTP://127.0.0.1:9/hooks"}"#;
+    let (status, replayed, _) = post_endpoint(&app.address, &app.api_key, "endpoint-1", same).await;
+    assert_eq!((status, replayed.as_deref()), (201, Some("true")));
+
+    for (body, differing) in [
+        (
+            r#"{"url": "http://127.0.0.1:9/other", "event_types": ["charge.succeeded"]}"#,
+            json!(["url"]),
+        ),
+        (
+            r#"{"url": "http://127.0.0.1:9/hooks"}"#,
+            json!(["event_types"]),
+        ),
+    ] {
+        let (status, _, answer) =
+            post_endpoint(&app.address, &app.api_key, "endpoint-1", body).await;
+        assert_eq!(status, 422, "{answer}");
+        let problem: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(problem["code"], "idempotency_key_reused");
+        assert_eq!(problem["differing_fields"], differing, "{body}");
+    }
+}
