@@ -10,7 +10,7 @@ use chargeonce::config::Settings;
 use serde_json::{json, Value};
 
 use super::{dispatcher_env, event_ids};
-use crate::helpers::{charge_body, spawn_app_with, through_pgbouncer, TestApp};
+use crate::helpers::{charge_body, skipped_on_citus, spawn_app_with, through_pgbouncer, TestApp};
 use crate::processes::{start_service, Database, Process};
 use crate::webhook_receiver::{create_endpoint, post_endpoint, Hung, Received, Receiver};
 
@@ -27,6 +27,20 @@ fn charge_of(received: &Received) -> String {
         .as_str()
         .unwrap()
         .to_owned()
+}
+
+/// The most another merchant's event may take to arrive while one merchant
+/// floods its endpoints: 2 s on one PostgreSQL. On Citus every statement is
+/// a few round trips between three PostgreSQL servers that share the test
+/// machine's cores with the service, so the bound is 6 s there; what the
+/// test guards, that the flood does not hold the other merchant up until
+/// it has drained (tens of seconds, and without bound before), holds alike.
+async fn other_merchants_bound() -> Duration {
+    if chargeonce_testkit::on_citus().await {
+        Duration::from_secs(6)
+    } else {
+        Duration::from_secs(2)
+    }
 }
 
 /// How long after its charge was answered each charge's event arrived at
@@ -119,7 +133,7 @@ async fn a_merchant_at_its_cap_with_dead_endpoints_holds_up_no_other_merchant() 
     let slowest = latencies(&a, &charges, Duration::from_secs(30)).await;
     println!("A's events arrived within {slowest:?} of their charges");
     assert!(
-        slowest[0] < Duration::from_secs(2),
+        slowest[0] < other_merchants_bound().await,
         "A's events took {slowest:?}"
     );
     while deliveries_of(&app, "B").await < 1600 {
@@ -165,7 +179,7 @@ async fn no_fan_out_statement_inserts_more_rows_than_the_cap() {
     }
     let slowest = latencies(&a, &charges, Duration::from_secs(30)).await;
     assert!(
-        slowest[0] < Duration::from_secs(2),
+        slowest[0] < other_merchants_bound().await,
         "A's events took {slowest:?}"
     );
     let started = Instant::now();
@@ -244,6 +258,15 @@ async fn poisoned(client: &tokio_postgres::Client) -> Option<(i32, bool, Option<
 /// whole batch failed round after round and nothing behind it went out.
 #[tokio::test]
 async fn an_event_whose_fan_out_fails_is_set_aside_and_the_others_go_on() {
+    if skipped_on_citus(
+        "an_event_whose_fan_out_fails_is_set_aside_and_the_others_go_on",
+        "it poisons one event's fan-out with a trigger that reads the event, and Citus \
+         has no triggers on distributed tables; the first pass covers setting it aside",
+    )
+    .await
+    {
+        return;
+    }
     let app = spawn_app_with(|s| {
         quick(s);
         // Rounds far enough apart that the charges below queue up together.
@@ -321,6 +344,15 @@ async fn an_event_whose_fan_out_fails_is_set_aside_and_the_others_go_on() {
 /// set aside; the real binary logs it with its id.
 #[tokio::test]
 async fn an_event_whose_fan_out_times_out_is_set_aside_and_logged_with_its_id() {
+    if skipped_on_citus(
+        "an_event_whose_fan_out_times_out_is_set_aside_and_logged_with_its_id",
+        "it poisons one event's fan-out with a trigger that reads the event, and Citus \
+         has no triggers on distributed tables; the first pass covers setting it aside",
+    )
+    .await
+    {
+        return;
+    }
     let db = Database::migrated().await;
     let client = db.client().await;
     // Behind PgBouncer the service sends no statement timeout of its own:

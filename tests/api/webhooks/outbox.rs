@@ -189,7 +189,8 @@ async fn fanning_out_leaves_the_event_row_as_it_was_written() {
     let rows = sql
         .query(
             "SELECT m.name, e.type, e.xmin::text, e.xmax::text, c.xmin::text \
-               FROM events e JOIN charges c ON c.id = e.charge_id \
+               FROM events e \
+               JOIN charges c ON c.merchant_id = e.merchant_id AND c.id = e.charge_id \
                JOIN merchants m ON m.id = e.merchant_id \
               ORDER BY e.id",
             &[],
