@@ -17,12 +17,15 @@ fn scripts_copy(name: &str) -> PathBuf {
     let root =
         std::env::temp_dir().join(format!("chargeonce-prereqs-{name}-{}", std::process::id()));
     std::fs::create_dir_all(root.join("scripts/lib")).unwrap();
-    for file in [
-        "scripts/dev",
-        "scripts/lib/postgres.sh",
-        "scripts/lib/prereqs.sh",
-    ] {
-        std::fs::copy(repo.join(file), root.join(file)).unwrap();
+    std::fs::copy(repo.join("scripts/dev"), root.join("scripts/dev")).unwrap();
+    // Every file scripts/dev sources.
+    for entry in std::fs::read_dir(repo.join("scripts/lib")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(
+            &path,
+            root.join("scripts/lib").join(path.file_name().unwrap()),
+        )
+        .unwrap();
     }
     for dir in [&root, &root.join("scripts"), &root.join("scripts/lib")] {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
