@@ -23,7 +23,9 @@ CITUS_BUILD_PACKAGES=(
 # 127.0.0.1 only, no unix socket). The first is the coordinator.
 CITUS_HOST=127.0.0.1
 CITUS_NODES=(coordinator worker1 worker2)
-CITUS_PORTS=(54340 54341 54342)
+# Below Linux's ephemeral port range (32768-60999): a port in it can be held
+# by any client connection's local end, and the server then cannot bind it.
+CITUS_PORTS=(25440 25441 25442)
 CITUS_ROOT="$REPO_ROOT/.pgdata/citus"
 # The database `up` prepares for the service; the `postgres` database is
 # prepared too, for tools and tests that create their own databases.
