@@ -153,7 +153,8 @@ fn transient_state(code: &SqlState) -> bool {
 fn citus_worker_lost(error: &tokio_postgres::Error) -> bool {
     error.as_db_error().is_some_and(|e| {
         *e.code() == SqlState::INTERNAL_ERROR
-            && e.message().starts_with("failure on connection marked as essential")
+            && e.message()
+                .starts_with("failure on connection marked as essential")
     })
 }
 

@@ -28,6 +28,11 @@ use crate::service::ServiceBinary;
 /// only counted as round trips.
 const PER_REQUEST: f64 = 0.5;
 
+/// Statements of the background workers that run once per new charge (the
+/// dispatcher fans out each charge's event), so as often as the request
+/// path's: counted as round trips, not compared with the scripts.
+const BACKGROUND_PER_CHARGE: &[&str] = &["events::FAN_OUT"];
+
 /// One statement as pg_stat_statements recorded it, and the name of the
 /// `db::ALL_STATEMENTS` constant it is, if any.
 pub struct Seen {
@@ -81,7 +86,8 @@ impl Captured {
         }
         let mut seen: Vec<&str> = Vec::new();
         let per_request = (self.statements.iter())
-            .filter(|s| self.per_request(s) >= PER_REQUEST && !transaction_control(&s.text));
+            .filter(|s| self.per_request(s) >= PER_REQUEST && !transaction_control(&s.text))
+            .filter(|s| !s.constant.is_some_and(|name| BACKGROUND_PER_CHARGE.contains(&name)));
         for statement in per_request {
             let copies = (self.per_request(statement).round() as usize).max(1);
             seen.extend(std::iter::repeat_n(statement.constant.unwrap_or_default(), copies));

@@ -236,11 +236,7 @@ pub fn own_sql_replay(pool_size: usize) -> Result<String> {
     );
     let mut text = String::new();
     heading(&mut text, 1, 1, REPLAY_STATEMENTS[0]);
-    text.push_str(&statement_lines(
-        &INSERT_OR_FIND,
-        &insert_or_find_values(key),
-        Some("claim_"),
-    )?);
+    text.push_str(&statement_lines(&INSERT_OR_FIND, &insert_or_find_values(key), Some("claim_"))?);
     Ok(text)
 }
 
