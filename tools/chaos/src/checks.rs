@@ -3,12 +3,12 @@
 //! psp-sim's ledger (`snapshot`), and the receiver (what webhooks arrived);
 //! plus what the clients were told.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde_json::Value;
 
 use crate::snapshot::{ChargeRow, Ledger, RefundRow, Snapshot};
-use crate::workload::{Kind, Outcome, Record};
+use crate::workload::{Kind, Outage, Outcome, Record};
 
 /// One invariant's result: how many things it looked at, and every
 /// offender.
@@ -339,6 +339,29 @@ fn documented_answers(told: &Told<'_>) -> Verdict {
     verdict
         .violations
         .extend(told.late_503.iter().map(|at| format!("503 after faults stopped: {at}")));
+    verdict
+}
+
+/// On Citus, while a worker was down (the other faults paused): its
+/// merchants were answered 503 (with `Retry-After`, checked with every
+/// answer), the other merchants were served and never answered 503; an
+/// attempt without an answer is a violation on either side.
+pub fn worker_outage(outage: &Outage) -> Verdict {
+    let mut verdict = Verdict::new("a worker down: 503 for its merchants, the others served");
+    let [stopped, others] = &outage.answers;
+    let n = |answers: &BTreeMap<String, u64>, status| answers.get(status).copied().unwrap_or(0);
+    let all: u64 = stopped.values().chain(others.values()).sum();
+    verdict.checked = usize::try_from(all).unwrap_or(usize::MAX);
+    let served = n(others, "201") + n(others, "402") + n(others, "400");
+    let unanswered = n(stopped, "no answer") + n(others, "no answer");
+    let failures = [
+        (n(stopped, "503") == 0, "no 503 for the merchants on the stopped worker".to_owned()),
+        (served == 0, "no final answer for the merchants on the other worker".to_owned()),
+        (n(others, "503") > 0, format!("503 ×{} for the other merchants", n(others, "503"))),
+        (unanswered > 0, format!("{unanswered} attempts without an answer")),
+    ];
+    let failed = failures.into_iter().filter(|(failed, _)| *failed);
+    verdict.violations.extend(failed.map(|(_, what)| what));
     verdict
 }
 
