@@ -39,7 +39,6 @@ pub struct Received<'a> {
 pub struct Told<'a> {
     pub records: &'a HashMap<String, Record>,
     pub bad_answers: &'a [String],
-    pub late_503: &'a [String],
 }
 
 /// Every invariant, in the order of RELIABILITY.md.
@@ -337,9 +336,6 @@ fn documented_answers(told: &Told<'_>) -> Verdict {
     verdict.checked = told.records.len();
     verdict.violations.extend(told.bad_answers.iter().cloned());
     verdict
-        .violations
-        .extend(told.late_503.iter().map(|at| format!("503 after faults stopped: {at}")));
-    verdict
 }
 
 /// On Citus, while a worker was down (the other faults paused): its
@@ -483,7 +479,7 @@ mod tests {
             db,
             ledger,
             &Received { acknowledged, mismatched: &[] },
-            &Told { records, bad_answers, late_503: &[] },
+            &Told { records, bad_answers },
             true,
         )
         .into_iter()

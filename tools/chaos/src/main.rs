@@ -227,13 +227,12 @@ async fn run(args: Args) -> Result<bool> {
 
     let records = std::mem::take(&mut *lock(&shared.records));
     let bad_answers = lock(&shared.bad_answers).clone();
-    let late_503 = lock(&shared.late_503).clone();
     let mut verdicts = receiver.with_tally(|tally| {
         checks::check(
             &snapshot,
             &ledger,
             &Received { acknowledged: &tally.acknowledged, mismatched: &tally.mismatched },
-            &Told { records: &records, bad_answers: &bad_answers, late_503: &late_503 },
+            &Told { records: &records, bad_answers: &bad_answers },
             settled,
         )
     });
@@ -308,8 +307,8 @@ async fn run(args: Args) -> Result<bool> {
             "database at the end",
             format!(
                 "charges {}; refunds {}; {} events; deliveries {:?}",
-                by_status(snapshot.charges.iter().map(|c| c.status.as_str())),
-                by_status(snapshot.refunds.iter().map(|r| r.status.as_str())),
+                by_status(snapshot.charges.iter().map(|c| &c.status)),
+                by_status(snapshot.refunds.iter().map(|r| &r.status)),
                 snapshot.events.len(),
                 snapshot.deliveries
             ),
@@ -387,12 +386,12 @@ fn describe(statuses: &BTreeMap<String, u64>) -> String {
         .join(", ")
 }
 
-fn by_status<'a>(statuses: impl Iterator<Item = &'a str>) -> String {
-    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+fn by_status<'a>(statuses: impl Iterator<Item = &'a String>) -> String {
+    let mut counts = BTreeMap::new();
     for status in statuses {
-        *counts.entry(status).or_default() += 1;
+        *counts.entry(status.clone()).or_default() += 1;
     }
-    counts.iter().map(|(status, count)| format!("{count} {status}")).collect::<Vec<_>>().join(", ")
+    describe(&counts)
 }
 
 async fn connect(url: &str) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>)> {

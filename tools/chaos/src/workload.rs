@@ -94,8 +94,6 @@ pub struct Shared {
     pub statuses: Mutex<BTreeMap<String, u64>>,
     /// Answers that break the documented contract, with key and instance.
     pub bad_answers: Mutex<Vec<String>>,
-    /// 503s after faults stopped (and the grace period).
-    pub late_503: Mutex<Vec<String>>,
     /// Operations by key.
     pub records: Mutex<HashMap<String, Record>>,
     /// Set once faults stopped; 503 is expected only before this plus the
@@ -148,7 +146,6 @@ impl Shared {
             next: AtomicUsize::new(0),
             statuses: Mutex::default(),
             bad_answers: Mutex::default(),
-            late_503: Mutex::default(),
             records: Mutex::default(),
             calm_since: Mutex::default(),
             attempts: AtomicUsize::new(0),
@@ -229,7 +226,9 @@ impl Shared {
                 }
                 let calm = *lock(&self.calm_since);
                 if calm.is_some_and(|since| since.elapsed() > GRACE) {
-                    lock(&self.late_503).push(format!("key {key} on instance {instance}"));
+                    lock(&self.bad_answers).push(format!(
+                        "503 after faults stopped: key {key} on instance {instance}"
+                    ));
                 }
                 Step::Retry
             }
