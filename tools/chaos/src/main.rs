@@ -245,8 +245,9 @@ async fn run(args: Args) -> Result<bool> {
     let operations = records.values().filter_map(|r| r.operation.as_ref());
     let charges_ops = operations.clone().filter(|o| o.kind == Kind::Charge).count();
     let burst_ops = operations.filter(|o| o.burst).count();
-    let (arrived, acknowledged) = receiver
-        .with_tally(|tally| (tally.arrived.values().sum::<u64>(), tally.acknowledged.len()));
+    let (arrived, answered_500, dropped, acknowledged) = receiver.with_tally(|tally| {
+        (tally.arrived, tally.answered_500, tally.dropped, tally.acknowledged.len())
+    });
     let n = |count: &std::sync::atomic::AtomicUsize| count.load(Ordering::Relaxed);
     let rows = [
         (
@@ -297,10 +298,8 @@ async fn run(args: Args) -> Result<bool> {
         (
             "webhook faults",
             format!(
-                "receiver: {} answered 500, {} dropped, of {arrived} deliveries; {acknowledged} \
-             events acknowledged",
-                receiver.answered_500(),
-                receiver.dropped()
+                "receiver: {answered_500} answered 500, {dropped} dropped, of {arrived} \
+                 deliveries; {acknowledged} events acknowledged"
             ),
         ),
         (
@@ -333,12 +332,15 @@ async fn run(args: Args) -> Result<bool> {
         );
         ("worker outage (Citus)", row)
     });
+    let on_citus = if args.citus {
+        format!(" on Citus, {} merchants", merchants.len())
+    } else {
+        String::new()
+    };
     let mut report = format!(
-        "\n## chaos run{}: {} s of faults, {clients} customers, {} merchants, seed {seed}\n\n\
+        "\n## chaos run{on_citus}: {} s of faults, {clients} customers, seed {seed}\n\n\
          | what | |\n|---|---|\n",
-        if args.citus { " on Citus" } else { "" },
-        args.seconds,
-        merchants.len()
+        args.seconds
     );
     for (name, value) in rows.into_iter().chain(outage_row) {
         let _ = writeln!(report, "| {name:<24} | {value} |");
