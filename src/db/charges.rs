@@ -74,23 +74,14 @@ pub const INSERT_OR_FIND: Statement = Statement {
     ],
 };
 
-/// `INSERT_OR_FIND` for many charges of one merchant (`$2`) at once
-/// (`db::batch`): the pending charges are inserted in one statement, and
-/// for each key that was taken the charge that holds it is read in the
-/// same one. Rows come back in no particular order, each with its key, so
-/// the caller matches them to its items. The keys arrive sorted and
-/// distinct (see `insert_or_find_many`): every batch takes the unique
+/// Inserts many pending charges of one merchant (`$2`) at once
+/// (`db::batch`), skipping each whose key is taken; returns the inserted
+/// rows, each with its key, in no particular order. The keys arrive sorted
+/// and distinct (see `insert_or_find_many`): every batch takes the unique
 /// index's entries in one order, so two batches can never wait for each
-/// other in a cycle.
-///
-/// The taken keys are read one probe of the unique index per item: the
-/// `LIMIT 1` (the key is unique, so it takes nothing away) keeps the
-/// planner from turning the probes into a join, which a plan made without
-/// statistics runs as a read of all the merchant's keys (so does
-/// `client_idempotency_key = ANY (…)`). A key this statement inserted is
-/// never reported as taken too (`NOT EXISTS`): PostgreSQL's snapshot would
-/// not show it anyway, but an engine that runs the insert as a step of its
-/// own before the read would.
+/// other in a cycle. The holders of taken keys are read by the caller
+/// (`INSERT_OR_FIND`, one per key): an INSERT alone, not inside a CTE with
+/// that read, so that on Citus the merchant's worker alone carries it out.
 ///
 /// Planned once per connection. `LIMIT cardinality($1)` takes nothing
 /// away (the arrays are as long as each other); it tells the plan made
@@ -100,38 +91,25 @@ pub const INSERT_OR_FIND: Statement = Statement {
 /// statement at every execution while batches stayed small (planning was
 /// 0.35 ms of a 0.85 ms statement for a batch of six). With it, the plan
 /// made once is used after PostgreSQL's five trial plans.
-pub const INSERT_OR_FIND_MANY: Statement = Statement {
+pub const INSERT_MANY: Statement = Statement {
     sql: concat!(
-        "WITH input AS ( \
-             SELECT * FROM unnest($1::uuid[], $3::text[], $4::bytea[], $5::int8[], $6::text[], \
-                                  $7::text[], $8::text[], $9::jsonb[]) \
-                 WITH ORDINALITY AS input (new_id, new_key, new_fingerprint, new_amount, \
-                                           new_currency, new_customer, new_description, \
-                                           new_metadata, position) \
-              LIMIT cardinality($1::uuid[]) \
-         ), inserted AS ( \
-             INSERT INTO charges (id, merchant_id, client_idempotency_key, request_fingerprint, \
-                                  amount, currency, customer, description, metadata, status, \
-                                  locked_until) \
-             SELECT new_id, $2, new_key, new_fingerprint, new_amount, new_currency, \
-                    new_customer, new_description, new_metadata, 'pending', \
-                    now() + $10::bigint * interval '1 millisecond' \
-               FROM input ORDER BY position \
-             ON CONFLICT (merchant_id, client_idempotency_key) DO NOTHING \
-             RETURNING ",
+        "INSERT INTO charges (id, merchant_id, client_idempotency_key, request_fingerprint, \
+                              amount, currency, customer, description, metadata, status, \
+                              locked_until) \
+         SELECT new_id, $2, new_key, new_fingerprint, new_amount, new_currency, new_customer, \
+                new_description, new_metadata, 'pending', \
+                now() + $10::bigint * interval '1 millisecond' \
+           FROM (SELECT * FROM unnest($1::uuid[], $3::text[], $4::bytea[], $5::int8[], \
+                                      $6::text[], $7::text[], $8::text[], $9::jsonb[]) \
+                     WITH ORDINALITY AS input (new_id, new_key, new_fingerprint, new_amount, \
+                                               new_currency, new_customer, new_description, \
+                                               new_metadata, position) \
+                  LIMIT cardinality($1::uuid[])) AS input \
+          ORDER BY position \
+         ON CONFLICT (merchant_id, client_idempotency_key) DO NOTHING \
+         RETURNING ",
         charge_columns!(),
-        ", client_idempotency_key) SELECT ",
-        charge_columns!(),
-        ", client_idempotency_key, true AS created FROM inserted \
-         UNION ALL \
-         SELECT ",
-        charge_columns!(),
-        ", client_idempotency_key, false AS created \
-           FROM input, LATERAL (SELECT * FROM charges \
-                                 WHERE merchant_id = $2 AND client_idempotency_key = new_key \
-                                 LIMIT 1) AS existing \
-          WHERE NOT EXISTS (SELECT 1 FROM inserted \
-                             WHERE inserted.client_idempotency_key = new_key)"
+        ", client_idempotency_key"
     ),
     params: &[
         Type::UUID_ARRAY,
@@ -206,13 +184,12 @@ pub struct PendingCharge {
 }
 
 /// `insert_or_find` for many charges, an answer per item in order: one
-/// statement (`INSERT_OR_FIND_MANY`) per merchant among them (the batcher
-/// gives it one). Items with the same merchant and key go to the database
-/// once: the first is inserted (or finds the existing charge), the others
-/// get the same charge as not created, as a concurrent duplicate would. An
-/// item whose key was taken by a charge committed after the statement began
-/// (so the statement cannot see it) goes on alone, through
-/// `insert_or_find`, which reads again.
+/// statement (`INSERT_MANY`) per merchant among them (the batcher gives it
+/// one). Items with the same merchant and key go to the database once: the
+/// first is inserted (or finds the existing charge), the others get the
+/// same charge as not created, as a concurrent duplicate would. An item
+/// whose key was taken, and a merchant's only item, goes through
+/// `insert_or_find`, all of them together (pipelined).
 pub async fn insert_or_find_many(
     conn: &Conn,
     items: &[PendingCharge],
@@ -220,8 +197,13 @@ pub async fn insert_or_find_many(
 ) -> Result<Vec<Option<(Charge, bool)>>, DbError> {
     // Distinct keys, sorted: the order every batch takes the index in.
     let first_of_key = first_by_key(items, |item| (item.merchant, item.key.as_str()));
-    let mut found: BTreeMap<(MerchantId, String), (Charge, bool)> = BTreeMap::new();
+    let mut found: BTreeMap<(MerchantId, String), Option<(Charge, bool)>> = BTreeMap::new();
     for (merchant, indexes) in by_merchant(&first_of_key) {
+        // A lone charge goes through `insert_or_find` below: one statement
+        // whether its key is new or taken.
+        if indexes.len() == 1 {
+            continue;
+        }
         let sent: Vec<&PendingCharge> = indexes.iter().map(|&index| &items[index]).collect();
         let ids: Vec<&Uuid> = sent.iter().map(|item| item.id.as_uuid()).collect();
         let keys: Vec<&str> = sent.iter().map(|item| item.key.as_str()).collect();
@@ -251,7 +233,7 @@ pub async fn insert_or_find_many(
             .collect();
         let rows = conn
             .query(
-                &INSERT_OR_FIND_MANY,
+                &INSERT_MANY,
                 &[
                     &ids,
                     merchant.as_uuid(),
@@ -270,22 +252,35 @@ pub async fn insert_or_find_many(
             let mut columns = Columns::new(row);
             let charge = Charge::decode_from(&mut columns)?;
             let key: String = columns.next("client_idempotency_key")?;
-            found.insert((merchant, key), (charge, columns.next("created")?));
+            found.insert((merchant, key), Some((charge, true)));
         }
     }
-    let mut answers: Vec<Option<(Charge, bool)>> = Vec::with_capacity(items.len());
-    for (index, item) in items.iter().enumerate() {
-        let first = first_of_key[&(item.merchant, item.key.as_str())];
-        let answer = match found.get(&(item.merchant, item.key.as_str().to_owned())) {
-            Some((charge, created)) => Some((charge.clone(), *created && first == index)),
-            None if first == index => insert_or_find(conn, item, lease).await?,
-            // The first of this key went alone (above, earlier in order);
-            // this one is its duplicate.
-            None => answers[first].clone().map(|(charge, _)| (charge, false)),
-        };
-        answers.push(answer);
+    // The lone items and the keys that were taken, each inserted or read on
+    // its own.
+    let taken: Vec<&PendingCharge> = first_of_key
+        .values()
+        .map(|&index| &items[index])
+        .filter(|item| !found.contains_key(&(item.merchant, item.key.as_str().to_owned())))
+        .collect();
+    let holders = futures_util::future::try_join_all(
+        taken.iter().map(|item| insert_or_find(conn, item, lease)),
+    )
+    .await?;
+    for (item, holder) in taken.iter().zip(holders) {
+        found.insert((item.merchant, item.key.as_str().to_owned()), holder);
     }
-    Ok(answers)
+    Ok(items
+        .iter()
+        .enumerate()
+        .map(|(index, item)| {
+            let first = first_of_key[&(item.merchant, item.key.as_str())];
+            let answer = &found[&(item.merchant, item.key.as_str().to_owned())];
+            // A later item with the same key is its duplicate: not created.
+            answer
+                .clone()
+                .map(|(charge, created)| (charge, created && first == index))
+        })
+        .collect())
 }
 
 /// The indexes of `first_of_key` (by merchant, then key) grouped by

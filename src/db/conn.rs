@@ -118,6 +118,25 @@ impl Conn {
             .await
     }
 
+    /// Prepares `statements` on this connection now (each once: they are
+    /// kept). Statements sent together (pipelined) reach the server in the
+    /// order they were started only if none of them must be prepared first,
+    /// so work whose statements depend on each other's effects prepares them
+    /// before it starts them. Unnamed statements (no preparing) are always
+    /// sent in order.
+    pub async fn prepare(&self, statements: &[&Statement]) -> Result<(), DbError> {
+        if !self.prepared {
+            return Ok(());
+        }
+        let each = statements.iter().map(|statement| {
+            self.bounded(statement.sql, async {
+                self.prepared(statement).await.map(|_| ())
+            })
+        });
+        futures_util::future::try_join_all(each).await?;
+        Ok(())
+    }
+
     pub async fn query(
         &self,
         statement: &Statement,
@@ -213,8 +232,17 @@ impl Conn {
     where
         F: std::future::Future<Output = Result<Decision<T>, DbError>>,
     {
-        self.batch("BEGIN").await?;
-        match work.await {
+        // BEGIN goes out with the work's first statements instead of a round
+        // trip ahead of them: the connection sends requests in the order they
+        // are made, so the server runs BEGIN first whatever the client waits
+        // for. BEGIN fails only with the connection, which then fails the
+        // work too and is not pooled again.
+        let (begun, result) = futures_util::join!(self.batch("BEGIN"), work);
+        if let Err(error) = begun {
+            self.broken.store(true, Ordering::Relaxed);
+            return Err(error);
+        }
+        match result {
             Ok(Decision::Commit(value)) => {
                 self.batch("COMMIT").await?;
                 Ok(value)

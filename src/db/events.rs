@@ -1,8 +1,9 @@
-//! Statements on `events`, the outbox: reading it for the API, fanning it
-//! out to webhook deliveries, and deleting what retention lets go. The
-//! events themselves are written with the state change they record
-//! (`charges::RECORD_OUTCOME`, `charges::RECORD_UNKNOWN`, refunds'
-//! statements, `webhook_endpoints::DISABLE`), never here.
+//! Statements on `events`, the outbox: queueing a new event, reading it for
+//! the API, fanning it out to webhook deliveries, and deleting what
+//! retention lets go. The events themselves are written in the transaction
+//! of the state change they record (`records::record_outcomes`,
+//! `records::record_unknown`, `webhook_endpoints::disable`), each followed
+//! there by [`QUEUE`].
 //!
 //! The background work looks across merchants only to read (`QUEUED`,
 //! `EXPIRED`, `BACKLOG`), once per round and without locking; every change
@@ -24,6 +25,23 @@ use super::codec::column;
 use super::records::{lease_ms, per_row, uuid_v7_floor};
 use super::{Conn, DbError, Statement};
 use crate::domain::{Event, EventId, EventType, MerchantId};
+
+/// Queues the merchant `$1`'s event `$2` for the fan-out if this
+/// transaction wrote it: the writers add an event only when its state
+/// change happened (a unique index refuses a second one), and this reads
+/// the event back instead of being told, so both can be sent together.
+/// So an event is in the queue exactly when it committed.
+pub const QUEUE: Statement = Statement {
+    sql: "INSERT INTO event_queue (event_id, merchant_id, type) \
+          SELECT id, merchant_id, type FROM events WHERE merchant_id = $1 AND id = $2",
+    params: &[Type::UUID, Type::UUID],
+};
+
+/// Runs [`QUEUE`] for the event `id`.
+pub async fn queue(conn: &Conn, merchant: MerchantId, id: Uuid) -> Result<(), DbError> {
+    conn.execute(&QUEUE, &[merchant.as_uuid(), &id]).await?;
+    Ok(())
+}
 
 /// Newest first, after the cursor `$3`, of one type if `$4` is not null.
 /// The listing index `events_listing (merchant_id, id DESC)` serves both

@@ -119,7 +119,7 @@ impl DbError {
                             || std::error::Error::source(error)
                                 .is_some_and(|s| s.is::<std::io::Error>())
                     }
-                    Some(code) => transient_state(code),
+                    Some(code) => transient_state(code) || citus_worker_lost(error),
                 }
             }
             Self::Pool(_) => true,
@@ -143,6 +143,18 @@ fn transient_state(code: &SqlState) -> bool {
         // write did not happen.
         || *code == SqlState::READ_ONLY_SQL_TRANSACTION
         || code.code().starts_with("08")
+}
+
+/// Citus lost its connection to a worker in the middle of a transaction:
+/// the coordinator reports it as an internal error (XX000), not as a
+/// connection error (08006, as it does when the worker cannot be reached
+/// at all); the transaction did not commit, and the merchants on that
+/// worker get 503 until it is back.
+fn citus_worker_lost(error: &tokio_postgres::Error) -> bool {
+    error.as_db_error().is_some_and(|e| {
+        *e.code() == SqlState::INTERNAL_ERROR
+            && e.message().starts_with("failure on connection marked as essential")
+    })
 }
 
 fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, DbError> {
@@ -383,7 +395,7 @@ pub const APPLIED_MIGRATION: Statement = Statement {
 /// merchant).
 pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
     ("charges::INSERT_OR_FIND", charges::INSERT_OR_FIND),
-    ("charges::INSERT_OR_FIND_MANY", charges::INSERT_OR_FIND_MANY),
+    ("charges::INSERT_MANY", charges::INSERT_MANY),
     ("charges::FIND", charges::STATEMENTS.find),
     ("charges::FIND_BY_KEY", charges::STATEMENTS.find_by_key),
     ("charges::LIST", charges::STATEMENTS.list),
@@ -401,6 +413,7 @@ pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
         "charges::RECORD_OUTCOME",
         charges::STATEMENTS.record_outcome,
     ),
+    ("charges::RECORD_EVENT", charges::STATEMENTS.record_event),
     (
         "charges::FORGET_UNCONFIRMED",
         charges::STATEMENTS.forget_unconfirmed,
@@ -428,6 +441,7 @@ pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
         "refunds::RECORD_OUTCOME",
         refunds::STATEMENTS.record_outcome,
     ),
+    ("refunds::RECORD_EVENT", refunds::STATEMENTS.record_event),
     (
         "refunds::FORGET_UNCONFIRMED",
         refunds::STATEMENTS.forget_unconfirmed,
@@ -439,16 +453,14 @@ pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
     ("merchants::FIND_BY_DIGEST", merchants::FIND_BY_DIGEST),
     ("events::LIST", events::LIST),
     ("events::FIND", events::FIND),
+    ("events::QUEUE", events::QUEUE),
     ("events::QUEUED", events::QUEUED),
     ("events::FAN_OUT", events::FAN_OUT),
     ("events::SET_ASIDE", events::SET_ASIDE),
     ("events::EXPIRED", events::EXPIRED),
     ("events::DELETE_EXPIRED", events::DELETE_EXPIRED),
     ("events::BACKLOG", events::BACKLOG),
-    (
-        "webhook_endpoints::INSERT_OR_FIND",
-        webhook_endpoints::INSERT_OR_FIND,
-    ),
+    ("webhook_endpoints::INSERT", webhook_endpoints::INSERT),
     (
         "webhook_endpoints::FIND_BY_KEY",
         webhook_endpoints::FIND_BY_KEY,
@@ -462,11 +474,19 @@ pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
     ("webhook_endpoints::FAILED", webhook_endpoints::FAILED),
     ("webhook_endpoints::RECOVERED", webhook_endpoints::RECOVERED),
     ("webhook_endpoints::DISABLE", webhook_endpoints::DISABLE),
+    (
+        "webhook_endpoints::DISABLED_EVENT",
+        webhook_endpoints::DISABLED_EVENT,
+    ),
     ("webhook_deliveries::DUE", webhook_deliveries::DUE),
     ("webhook_deliveries::CLAIM", webhook_deliveries::CLAIM),
     (
         "webhook_deliveries::RECORD_ATTEMPT",
         webhook_deliveries::RECORD_ATTEMPT,
+    ),
+    (
+        "webhook_deliveries::INSERT_ATTEMPT",
+        webhook_deliveries::INSERT_ATTEMPT,
     ),
     ("webhook_deliveries::OF_EVENT", webhook_deliveries::OF_EVENT),
     ("db::APPLIED_MIGRATION", APPLIED_MIGRATION),

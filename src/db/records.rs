@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio_postgres::types::Json;
+use tokio_postgres::types::{Json, ToSql};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
@@ -44,6 +44,7 @@ pub struct RecordStatements {
     pub claim: Statement,
     pub record_unknown: Statement,
     pub record_outcome: Statement,
+    pub record_event: Statement,
     pub forget_unconfirmed: Statement,
     pub expired_keys: Statement,
     pub release_key: Statement,
@@ -88,9 +89,13 @@ pub trait Stored: Record + serde::Serialize + std::fmt::Debug {
 ///   backoff have run out, across merchants, read only;
 ///   `claim` (merchant, id, lease ms): a fresh lease on it if it still
 ///   qualifies;
-/// - `record_unknown` (merchant, id, our lease, retry ms, event id, event
-///   data); `record_outcome` (merchant, id, status, failure code, failure
-///   message, processor id, event id, event data);
+/// - `record_unknown` (merchant, id, our lease, retry ms);
+///   `record_outcome` (merchant, id, status, failure code, failure
+///   message, processor id); `record_event` (merchant, id, event id, event
+///   data, status, least processor attempts): each changes or adds one
+///   row, so that on Citus each is carried out by the merchant's worker
+///   alone (an INSERT inside a CTE is not: its result goes to every
+///   worker);
 /// - `forget_unconfirmed` (merchant, id);
 /// - `expired_keys` (cutoff id, limit): `merchant_id, id` of final rows
 ///   still holding a key and older than the cutoff, read only;
@@ -165,30 +170,17 @@ macro_rules! record_statements {
                       RETURNING ", $($columns)*),
                 params: &[Type::UUID, Type::UUID, Type::INT8],
             },
-            // Only our own lease (matched by its exact expiry) is ended. The
-            // first unknown outcome is a state change too: one `.pending`
-            // event.
+            // Only our own lease (matched by its exact expiry) is ended.
             record_unknown: $crate::db::Statement {
                 sql: concat!(
-                    "WITH updated AS ( \
-                         UPDATE ", $table, " SET locked_until = now(), \
-                                           processor_attempts = processor_attempts + 1, \
-                                           next_attempt_at = now() + $4::bigint * interval '1 millisecond', \
-                                           updated_at = now() \
-                          WHERE merchant_id = $1 AND id = $2 \
-                            AND status IS NOT DISTINCT FROM 'pending' AND locked_until = $3 \
-                          RETURNING ", $($columns)*, "), \
-                     event AS ( \
-                         INSERT INTO events (id, merchant_id, ", $object, "_id, type, data) \
-                         SELECT $5, $1, id, '", $object, ".pending', $6 FROM updated \
-                          WHERE processor_attempts = 1 \
-                         ON CONFLICT (merchant_id, ", $object, "_id, type) \
-                            WHERE ", $object, "_id IS NOT NULL DO NOTHING \
-                         RETURNING id, type), ",
-                    $crate::enqueue_events!(),
-                    " SELECT ", $($columns)*, " FROM updated"),
-                params: &[Type::UUID, Type::UUID, Type::TIMESTAMPTZ, Type::INT8, Type::UUID,
-                          Type::JSONB],
+                    "UPDATE ", $table, " SET locked_until = now(), \
+                                      processor_attempts = processor_attempts + 1, \
+                                      next_attempt_at = now() + $4::bigint * interval '1 millisecond', \
+                                      updated_at = now() \
+                      WHERE merchant_id = $1 AND id = $2 \
+                        AND status IS NOT DISTINCT FROM 'pending' AND locked_until = $3 \
+                      RETURNING ", $($columns)*),
+                params: &[Type::UUID, Type::UUID, Type::TIMESTAMPTZ, Type::INT8],
             },
             // Only a pending row changes: one whose outcome another request
             // recorded first (the processor gave it the same answer) returns
@@ -201,15 +193,25 @@ macro_rules! record_statements {
                                            locked_until = NULL, updated_at = now() \
                           WHERE merchant_id = $1 AND id = $2 \
                             AND status IS NOT DISTINCT FROM 'pending' \
-                          RETURNING ", $($columns)*, ")", $outcome_also, ", \
-                     event AS ( \
-                         INSERT INTO events (id, merchant_id, ", $object, "_id, type, data) \
-                         SELECT $7, $1, id, '", $object, ".' || status, $8 FROM updated \
-                         RETURNING id, type), ",
-                    $crate::enqueue_events!(),
+                          RETURNING ", $($columns)*, ")", $outcome_also,
                     " SELECT ", $($columns)*, " FROM updated"),
-                params: &[Type::UUID, Type::UUID, Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT,
-                          Type::UUID, Type::JSONB],
+                params: &[Type::UUID, Type::UUID, Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT],
+            },
+            // The event of the state the row is in, if it is `$5` with at
+            // least `$6` processor attempts: `<object>.<status>`, at most one
+            // per row and type (the events' unique index), so a request that
+            // lost the race to record the same state adds nothing. It reads
+            // the row as this transaction's own change left it.
+            record_event: $crate::db::Statement {
+                sql: concat!(
+                    "INSERT INTO events (id, merchant_id, ", $object, "_id, type, data) \
+                     SELECT $3, merchant_id, id, '", $object, ".' || status, $4 FROM ", $table,
+                    " WHERE merchant_id = $1 AND id = $2 AND status = $5 \
+                        AND processor_attempts >= $6 \
+                     ON CONFLICT (merchant_id, ", $object, "_id, type) \
+                        WHERE ", $object, "_id IS NOT NULL DO NOTHING"),
+                params: &[Type::UUID, Type::UUID, Type::UUID, Type::JSONB, Type::TEXT,
+                          Type::INT4],
             },
             // The undo of an insert whose commit was never confirmed to its
             // request: only while nobody has worked on the row (no takeover,
@@ -242,19 +244,6 @@ macro_rules! record_statements {
             },
         }
     }};
-}
-
-/// The CTE that queues the events a statement's `event` CTE inserted (and
-/// returned as `id, type`) for the dispatcher's fan-out, in the same
-/// statement: so an event exists in the queue exactly when it committed.
-/// The statement's merchant is `$1`.
-#[macro_export]
-macro_rules! enqueue_events {
-    () => {
-        "queued AS ( \
-             INSERT INTO event_queue (event_id, merchant_id, type) \
-             SELECT id, $1, type FROM event)"
-    };
 }
 
 pub(super) fn lease_ms(lease: Duration) -> i64 {
@@ -354,8 +343,9 @@ pub async fn claim_abandoned<R: Stored>(
 
 /// Records an unknown processor outcome: ends our lease early (so the
 /// client's next retry asks the processor again at once), counts the
-/// attempt and sets when the recovery worker may try (`retry_in` from now).
-/// `None` if the lease is no longer ours.
+/// attempt and sets when the recovery worker may try (`retry_in` from now);
+/// the first unknown outcome is a state change too, with one `.pending`
+/// event. `None` if the lease is no longer ours.
 pub async fn record_unknown<R: Stored>(
     conn: &Conn,
     record: &R,
@@ -364,53 +354,52 @@ pub async fn record_unknown<R: Stored>(
     let Some(our_lease) = record.lease().locked_until else {
         return Ok(None);
     };
-    let row = conn
-        .query_opt(
-            &R::STATEMENTS.record_unknown,
-            &[
-                record.merchant().as_uuid(),
-                &record.uuid(),
-                &our_lease,
-                &lease_ms(retry_in),
-                &crate::clock::new_v7(),
-                &Json(record.clone().into_event()),
-            ],
-        )
-        .await?;
-    row.as_ref().map(decode).transpose()
+    let merchant = record.merchant();
+    let id = record.uuid();
+    let event = crate::clock::new_v7();
+    conn.prepare(&[
+        &R::STATEMENTS.record_unknown,
+        &R::STATEMENTS.record_event,
+        &super::events::QUEUE,
+    ])
+    .await?;
+    let retry_in = lease_ms(retry_in);
+    conn.transaction(async {
+        let params: [&(dyn ToSql + Sync); 4] = [merchant.as_uuid(), &id, &our_lease, &retry_in];
+        let (row, (), ()) = futures_util::try_join!(
+            conn.query_opt(&R::STATEMENTS.record_unknown, &params),
+            add_event::<R>(
+                conn,
+                record,
+                event,
+                "pending",
+                1,
+                record.clone().into_event()
+            ),
+            super::events::queue(conn, merchant, event),
+        )?;
+        Ok(Decision::Commit(row.as_ref().map(decode).transpose()?))
+    })
+    .await
 }
 
-/// Records a final outcome and its event in one statement; `None` if the
+/// Records a final outcome and its event in one transaction; `None` if the
 /// record was no longer pending.
 pub async fn record_outcome<R: Stored>(
     conn: &Conn,
     record: &R,
     outcome: &Outcome,
 ) -> Result<Option<R>, DbError> {
-    let (processor_id, code, message) = outcome.columns();
-    let row = conn
-        .query_opt(
-            &R::STATEMENTS.record_outcome,
-            &[
-                record.merchant().as_uuid(),
-                &record.uuid(),
-                &outcome.status().as_str(),
-                &code,
-                &message,
-                &processor_id,
-                &crate::clock::new_v7(),
-                &Json(record.with_outcome(outcome).into_event()),
-            ],
-        )
-        .await?;
-    row.as_ref().map(decode).transpose()
+    let mut recorded = record_outcomes(conn, &[(record.clone(), outcome.clone())]).await?;
+    Ok(recorded.pop().flatten())
 }
 
 /// Records many outcomes (`db::batch`) in one transaction, so one commit:
-/// `record_outcome` for each record once, in id order, pipelined. For each
-/// item, the record as recorded, or `None` if it was no longer pending (an
-/// item whose record appears earlier in `items` too finds it recorded by
-/// that one). Two batches that share records lock them in the same order.
+/// for each record once, in id order, its update, its event and the event's
+/// queue row, all sent together (pipelined). For each item, the record as
+/// recorded, or `None` if it was no longer pending (an item whose record
+/// appears earlier in `items` too finds it recorded by that one). Two
+/// batches that share records lock them in the same order.
 pub async fn record_outcomes<R: Stored>(
     conn: &Conn,
     items: &[(R, Outcome)],
@@ -420,10 +409,43 @@ pub async fn record_outcomes<R: Stored>(
         .values()
         .map(|&index| &items[index])
         .collect();
-    let recorded = per_row(conn, &sent, |(record, outcome)| {
-        record_outcome(conn, record, outcome)
-    })
+    // The event reads the row its update changed, and the queue row the
+    // event (`Conn::prepare` says why this comes first).
+    conn.prepare(&[
+        &R::STATEMENTS.record_outcome,
+        &R::STATEMENTS.record_event,
+        &super::events::QUEUE,
+    ])
     .await?;
+    let recorded = conn
+        .transaction(async {
+            let each = sent.iter().map(|(record, outcome)| async move {
+                let (processor_id, code, message) = outcome.columns();
+                let merchant = record.merchant();
+                let id = record.uuid();
+                let status = outcome.status().as_str();
+                let event = crate::clock::new_v7();
+                let data = record.with_outcome(outcome).into_event();
+                let params: [&(dyn ToSql + Sync); 6] = [
+                    merchant.as_uuid(),
+                    &id,
+                    &status,
+                    &code,
+                    &message,
+                    &processor_id,
+                ];
+                let (row, (), ()) = futures_util::try_join!(
+                    conn.query_opt(&R::STATEMENTS.record_outcome, &params),
+                    add_event::<R>(conn, record, event, status, 0, data),
+                    super::events::queue(conn, merchant, event),
+                )?;
+                row.as_ref().map(decode::<R>).transpose()
+            });
+            Ok(Decision::Commit(
+                futures_util::future::try_join_all(each).await?,
+            ))
+        })
+        .await?;
     let mut by_id: BTreeMap<Uuid, R> = recorded
         .into_iter()
         .flatten()
@@ -434,6 +456,32 @@ pub async fn record_outcomes<R: Stored>(
         .iter()
         .map(|(record, _)| by_id.remove(&record.uuid()))
         .collect())
+}
+
+/// Adds the event `<object>.<status>` (`event`, with `data`) of `record` if
+/// the row is in `status` with at least `attempts` processor attempts, as
+/// this transaction left it (`record_event`).
+async fn add_event<R: Stored>(
+    conn: &Conn,
+    record: &R,
+    event: Uuid,
+    status: &str,
+    attempts: i32,
+    data: R,
+) -> Result<(), DbError> {
+    conn.execute(
+        &R::STATEMENTS.record_event,
+        &[
+            record.merchant().as_uuid(),
+            &record.uuid(),
+            &event,
+            &Json(data),
+            &status,
+            &attempts,
+        ],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Deletes the record `id` if it is still exactly as its insert left it;

@@ -24,7 +24,7 @@ use uuid::Uuid;
 
 use super::codec::column;
 use super::events::event_type;
-use super::{Conn, DbError, Statement};
+use super::{Conn, DbError, Decision, Statement};
 use crate::domain::{
     Delivery, DeliveryAttempt, DeliveryStatus, Event, EventId, MerchantId, WebhookEndpointId,
     WebhookSecret,
@@ -99,33 +99,27 @@ pub const CLAIM: Statement = Statement {
 
 /// Records one attempt of a delivery we hold the lease `$3` of: counts it,
 /// and makes the delivery `delivered` (`$4`), `failed` (the `$6`th attempt
-/// failed) or pending again at now + `$7` ms; in the same statement the
-/// attempt itself goes into `webhook_attempts`. A lease that is no longer
+/// failed) or pending again at now + `$7` ms. A lease that is no longer
 /// ours (it ran out and another dispatcher claimed the delivery) matches
-/// nothing and records nothing. (`clock`: see `CLAIM`.)
+/// nothing and records nothing; otherwise `INSERT_ATTEMPT` follows in the
+/// same transaction. (`clock`: see `CLAIM`.)
 pub const RECORD_ATTEMPT: Statement = Statement {
-    sql: "WITH updated AS ( \
-              UPDATE webhook_deliveries \
-                 SET attempts = attempts + 1, \
-                     status = CASE WHEN $4 THEN 'delivered' \
-                                   WHEN attempts + 1 >= $6 THEN 'failed' \
-                                   ELSE 'pending' END, \
-                     next_attempt_at = CASE WHEN $4 OR attempts + 1 >= $6 THEN clock.now \
-                                            ELSE clock.next_try END, \
-                     locked_until = NULL, \
-                     last_status_code = $5, \
-                     last_error = $8, \
-                     updated_at = now() \
-                FROM (SELECT now() AS now, \
-                             now() + $7::bigint * interval '1 millisecond' AS next_try) clock \
-               WHERE merchant_id = $1 AND id = $2 AND status IS NOT DISTINCT FROM 'pending' AND locked_until = $3 \
-              RETURNING id, merchant_id, attempts, status, next_attempt_at \
-          ), attempt AS ( \
-              INSERT INTO webhook_attempts (id, merchant_id, delivery_id, attempt, status_code, \
-                                            error, duration_ms) \
-              SELECT $9, merchant_id, id, attempts, $5, $8, $10 FROM updated \
-          ) \
-          SELECT attempts, status, next_attempt_at FROM updated",
+    sql: "UPDATE webhook_deliveries \
+             SET attempts = attempts + 1, \
+                 status = CASE WHEN $4 THEN 'delivered' \
+                               WHEN attempts + 1 >= $6 THEN 'failed' \
+                               ELSE 'pending' END, \
+                 next_attempt_at = CASE WHEN $4 OR attempts + 1 >= $6 THEN clock.now \
+                                        ELSE clock.next_try END, \
+                 locked_until = NULL, \
+                 last_status_code = $5, \
+                 last_error = $8, \
+                 updated_at = now() \
+            FROM (SELECT now() AS now, \
+                         now() + $7::bigint * interval '1 millisecond' AS next_try) clock \
+           WHERE merchant_id = $1 AND id = $2 AND status IS NOT DISTINCT FROM 'pending' \
+             AND locked_until = $3 \
+          RETURNING attempts, status, next_attempt_at",
     params: &[
         Type::UUID,
         Type::UUID,
@@ -135,7 +129,22 @@ pub const RECORD_ATTEMPT: Statement = Statement {
         Type::INT4,
         Type::INT8,
         Type::TEXT,
+    ],
+};
+
+/// The attempt `$4` (id `$3`) of the merchant `$1`'s delivery `$2`:
+/// its status code `$5`, error `$6` and duration `$7` ms.
+pub const INSERT_ATTEMPT: Statement = Statement {
+    sql: "INSERT INTO webhook_attempts (id, merchant_id, delivery_id, attempt, status_code, \
+                                        error, duration_ms) \
+          VALUES ($3, $1, $2, $4, $5, $6, $7)",
+    params: &[
         Type::UUID,
+        Type::UUID,
+        Type::UUID,
+        Type::INT4,
+        Type::INT4,
+        Type::TEXT,
         Type::INT4,
     ],
 };
@@ -309,31 +318,47 @@ pub async fn record_attempt(
     delivery: &ClaimedDelivery,
     attempt: &AttemptRecord<'_>,
 ) -> Result<Option<Recorded>, DbError> {
-    let row = conn
-        .query_opt(
-            &RECORD_ATTEMPT,
+    let merchant = delivery.merchant_id.as_uuid();
+    conn.transaction(async {
+        let Some(row) = conn
+            .query_opt(
+                &RECORD_ATTEMPT,
+                &[
+                    merchant,
+                    &delivery.id,
+                    &delivery.lease,
+                    &attempt.delivered,
+                    &attempt.status_code,
+                    &attempt.max_attempts,
+                    &super::records::lease_ms(attempt.retry_in),
+                    &attempt.error,
+                ],
+            )
+            .await?
+        else {
+            return Ok(Decision::Commit(None));
+        };
+        let recorded = Recorded {
+            attempts: column(&row, "attempts")?,
+            status: delivery_status(&row, "status")?,
+            next_attempt_at: column(&row, "next_attempt_at")?,
+        };
+        conn.execute(
+            &INSERT_ATTEMPT,
             &[
-                delivery.merchant_id.as_uuid(),
+                merchant,
                 &delivery.id,
-                &delivery.lease,
-                &attempt.delivered,
-                &attempt.status_code,
-                &attempt.max_attempts,
-                &super::records::lease_ms(attempt.retry_in),
-                &attempt.error,
                 &crate::clock::new_v7(),
+                &recorded.attempts,
+                &attempt.status_code,
+                &attempt.error,
                 &attempt.duration_ms,
             ],
         )
         .await?;
-    row.map(|row| {
-        Ok(Recorded {
-            attempts: column(&row, "attempts")?,
-            status: delivery_status(&row, "status")?,
-            next_attempt_at: column(&row, "next_attempt_at")?,
-        })
+        Ok(Decision::Commit(Some(recorded)))
     })
-    .transpose()
+    .await
 }
 
 /// The deliveries of the merchant's event `event`, each with its attempts.

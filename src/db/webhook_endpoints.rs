@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use tokio_postgres::types::{Json, Type};
+use tokio_postgres::types::{Json, ToSql, Type};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
@@ -33,40 +33,29 @@ macro_rules! endpoint_columns {
 }
 
 /// Inserts the endpoint, in a free slot among `1..=$8` chosen at random,
-/// unless the merchant already used the key; then returns the endpoint that
-/// holds it. One round trip; `created` says which. No row: no slot was free
-/// (the merchant is at its cap), or another creation took the chosen slot
-/// at the same moment, or the key's holder committed after this statement
-/// began (see `insert_or_find`).
+/// unless the merchant already used the key. No row: the key is taken
+/// (`FIND_BY_KEY` reads its holder), or no slot was free (the merchant is at
+/// its cap), or another creation took the chosen slot at the same moment
+/// (see `insert_or_find`). An INSERT alone, not inside a CTE with the read
+/// of the key's holder, so that on Citus the merchant's worker alone carries
+/// it out.
 ///
 /// The unique indexes decide between concurrent requests: with one key, the
 /// second waits for the first's commit, then conflicts; with one slot
 /// (`webhook_endpoints_one_per_slot`), likewise. `ON CONFLICT DO NOTHING`
 /// names no index so that it covers both. A random free slot makes
 /// concurrent creations of one merchant rarely pick the same one.
-pub const INSERT_OR_FIND: Statement = Statement {
+pub const INSERT: Statement = Statement {
     sql: concat!(
-        "WITH free AS ( \
-             SELECT s FROM generate_series(1, $8::int) s \
-              WHERE NOT EXISTS (SELECT 1 FROM webhook_endpoints w \
-                                 WHERE w.merchant_id = $2 AND w.slot = s) \
-              ORDER BY random() LIMIT 1 \
-         ), inserted AS ( \
-             INSERT INTO webhook_endpoints (id, merchant_id, url, event_types, secret, \
-                                            client_idempotency_key, request_fingerprint, slot) \
-             SELECT $1, $2, $3, $4, $5, $6, $7, s FROM free \
-             ON CONFLICT DO NOTHING \
-             RETURNING ",
-        endpoint_columns!(),
-        ") SELECT ",
-        endpoint_columns!(),
-        ", true AS created FROM inserted \
-         UNION ALL \
-         SELECT ",
-        endpoint_columns!(),
-        ", false AS created FROM webhook_endpoints \
-          WHERE merchant_id = $2 AND client_idempotency_key = $6 \
-            AND NOT EXISTS (SELECT 1 FROM inserted)"
+        "INSERT INTO webhook_endpoints (id, merchant_id, url, event_types, secret, \
+                                        client_idempotency_key, request_fingerprint, slot) \
+         SELECT $1, $2, $3, $4, $5, $6, $7, s FROM generate_series(1, $8::int) s \
+          WHERE NOT EXISTS (SELECT 1 FROM webhook_endpoints w \
+                             WHERE w.merchant_id = $2 AND w.slot = s) \
+          ORDER BY random() LIMIT 1 \
+         ON CONFLICT DO NOTHING \
+         RETURNING ",
+        endpoint_columns!()
     ),
     params: &[
         Type::UUID,
@@ -165,30 +154,27 @@ pub const RECOVERED: Statement = Statement {
 };
 
 /// Disables the merchant `$1`'s endpoint `$2` if it is live and has been
-/// failing for `$3` ms, and writes its `webhook_endpoint.disabled` event
-/// (`$4`, data `$5`: the endpoint as disabled), queued in the same
-/// statement. At most one such event per endpoint
-/// (`events_one_per_endpoint_change`). No delivery goes to a disabled
-/// endpoint; its pending ones are given up when they come due.
+/// failing for `$3` ms. No delivery goes to a disabled endpoint; its
+/// pending ones are given up when they come due.
 pub const DISABLE: Statement = Statement {
-    sql: concat!(
-        "WITH updated AS ( \
-             UPDATE webhook_endpoints SET disabled_at = now(), retry_at = NULL \
-              WHERE merchant_id = $1 AND id = $2 AND deleted_at IS NULL \
-                AND disabled_at IS NULL \
-                AND failing_since <= now() - $3::bigint * interval '1 millisecond' \
-              RETURNING id \
-         ), event AS ( \
-             INSERT INTO events (id, merchant_id, webhook_endpoint_id, type, data) \
-             SELECT $4, $1, id, 'webhook_endpoint.disabled', $5 FROM updated \
-             ON CONFLICT (merchant_id, webhook_endpoint_id, type) \
-                WHERE webhook_endpoint_id IS NOT NULL DO NOTHING \
-             RETURNING id, type \
-         ), ",
-        crate::enqueue_events!(),
-        " SELECT id FROM updated"
-    ),
-    params: &[Type::UUID, Type::UUID, Type::INT8, Type::UUID, Type::JSONB],
+    sql: "UPDATE webhook_endpoints SET disabled_at = now(), retry_at = NULL \
+           WHERE merchant_id = $1 AND id = $2 AND deleted_at IS NULL \
+             AND disabled_at IS NULL \
+             AND failing_since <= now() - $3::bigint * interval '1 millisecond' \
+          RETURNING id",
+    params: &[Type::UUID, Type::UUID, Type::INT8],
+};
+
+/// The `webhook_endpoint.disabled` event (`$3`, data `$4`) of the merchant
+/// `$1`'s endpoint `$2` if it is disabled, as this transaction left it: at
+/// most one such event per endpoint (`events_one_per_endpoint_change`).
+pub const DISABLED_EVENT: Statement = Statement {
+    sql: "INSERT INTO events (id, merchant_id, webhook_endpoint_id, type, data) \
+          SELECT $3, merchant_id, id, 'webhook_endpoint.disabled', $4 FROM webhook_endpoints \
+           WHERE merchant_id = $1 AND id = $2 AND disabled_at IS NOT NULL \
+          ON CONFLICT (merchant_id, webhook_endpoint_id, type) \
+             WHERE webhook_endpoint_id IS NOT NULL DO NOTHING",
+    params: &[Type::UUID, Type::UUID, Type::UUID, Type::JSONB],
 };
 
 /// What a creation found.
@@ -212,10 +198,9 @@ const SLOT_TRIES: usize = 8;
 /// the holder of the key could not be read (it cannot vanish: keys are
 /// never released).
 ///
-/// When the conflicting row was committed after this statement's snapshot
-/// began, the statement's own SELECT cannot see it; a second read, with a
-/// fresh snapshot, does. When neither finds the key, the merchant is either
-/// at its cap or lost a race for a slot: counting the taken slots tells.
+/// When the insert adds nothing, the key's holder is read; when there is
+/// none, the merchant is either at its cap or lost a race for a slot:
+/// counting the taken slots tells.
 #[allow(clippy::too_many_arguments)]
 pub async fn insert_or_find(
     conn: &Conn,
@@ -234,7 +219,7 @@ pub async fn insert_or_find(
     for _ in 0..SLOT_TRIES {
         let row = conn
             .query_opt(
-                &INSERT_OR_FIND,
+                &INSERT,
                 &[
                     id.as_uuid(),
                     merchant.as_uuid(),
@@ -248,12 +233,7 @@ pub async fn insert_or_find(
             )
             .await?;
         if let Some(row) = row {
-            let endpoint = decode(&row)?;
-            return Ok(Some(if column(&row, "created")? {
-                Inserted::Created(endpoint)
-            } else {
-                Inserted::Found(endpoint)
-            }));
+            return Ok(Some(Inserted::Created(decode(&row)?)));
         }
         let row = conn
             .query_opt(&FIND_BY_KEY, &[merchant.as_uuid(), &key.as_str()])
@@ -370,17 +350,25 @@ pub async fn disable(
         ..endpoint.clone()
     };
     let data = Json(chargeonce_api::WebhookEndpoint::from(&disabled));
+    let merchant = endpoint.merchant_id;
+    let id = endpoint.id.as_uuid();
+    let event = crate::clock::new_v7();
+    let disable_after = lease_ms(disable_after);
+    // The event reads the row the update changed, and the queue row the
+    // event (`Conn::prepare` says why this comes first).
+    conn.prepare(&[&DISABLE, &DISABLED_EVENT, &super::events::QUEUE])
+        .await?;
     let row = conn
-        .query_opt(
-            &DISABLE,
-            &[
-                endpoint.merchant_id.as_uuid(),
-                endpoint.id.as_uuid(),
-                &lease_ms(disable_after),
-                &crate::clock::new_v7(),
-                &data,
-            ],
-        )
+        .transaction(async {
+            let disable: [&(dyn ToSql + Sync); 3] = [merchant.as_uuid(), id, &disable_after];
+            let add_event: [&(dyn ToSql + Sync); 4] = [merchant.as_uuid(), id, &event, &data];
+            let (row, _, ()) = futures_util::try_join!(
+                conn.query_opt(&DISABLE, &disable),
+                conn.execute(&DISABLED_EVENT, &add_event),
+                super::events::queue(conn, merchant, event),
+            )?;
+            Ok(super::Decision::Commit(row))
+        })
         .await?;
     Ok(row.is_some())
 }

@@ -51,7 +51,7 @@ async fn key_lookups_go_through_the_unique_index_without_statistics() {
     for (name, statement) in [
         ("INSERT_OR_FIND", &charges::INSERT_OR_FIND),
         ("FIND_BY_KEY", &charges::STATEMENTS.find_by_key),
-        ("INSERT_OR_FIND_MANY", &charges::INSERT_OR_FIND_MANY),
+        ("INSERT_MANY", &charges::INSERT_MANY),
     ] {
         let plan = generic_plan(&client, statement).await;
         assert!(
@@ -97,7 +97,7 @@ async fn key_lookups_go_through_the_unique_index_without_statistics() {
     assert!(plan.contains("charges_listing"), "LIST:\n{plan}");
 }
 
-/// The statements of a new charge, `charges::INSERT_OR_FIND_MANY` (a
+/// The statements of a new charge, `charges::INSERT_MANY` (a
 /// batch) and `charges::RECORD_OUTCOME`, are planned once per connection:
 /// after PostgreSQL's trial plans (five, made with the parameters), they run
 /// on the plan made without them, whose probes the tests above check,
@@ -121,7 +121,7 @@ async fn batches_of_new_charges_are_planned_once_per_connection() {
     let prepare = |statement: &'static chargeonce::db::Statement| {
         client.prepare_typed(statement.sql, statement.params)
     };
-    let insert = prepare(&charges::INSERT_OR_FIND_MANY).await.unwrap();
+    let insert = prepare(&charges::INSERT_MANY).await.unwrap();
     let record = prepare(&charges::STATEMENTS.record_outcome).await.unwrap();
     const BATCH: usize = 6;
     const EXECUTIONS: i64 = 12;
@@ -167,8 +167,6 @@ async fn batches_of_new_charges_are_planned_once_per_connection() {
                         &None::<&str>,
                         &None::<&str>,
                         &"pay_plans",
-                        &uuid::Uuid::now_v7(),
-                        &empty[0],
                     ],
                 )
                 .await
@@ -177,7 +175,7 @@ async fn batches_of_new_charges_are_planned_once_per_connection() {
         }
     }
     for (statement, executions) in [
-        (&charges::INSERT_OR_FIND_MANY, EXECUTIONS),
+        (&charges::INSERT_MANY, EXECUTIONS),
         (
             &charges::STATEMENTS.record_outcome,
             EXECUTIONS * BATCH as i64,
@@ -304,10 +302,10 @@ async fn create_through_the_service(app: &crate::helpers::TestApp, prefix: &str,
         .await;
 }
 
-/// The replay statement (`charges::INSERT_OR_FIND_MANY` with one existing
-/// key, as a batch of one) prepared as `name` on `client`.
+/// The replay statement (`charges::INSERT_OR_FIND`, which a batch's taken
+/// key goes through) prepared as `name` on `client`.
 async fn prepare_replay(client: &tokio_postgres::Client, name: &str) {
-    let statement = &charges::INSERT_OR_FIND_MANY;
+    let statement = &charges::INSERT_OR_FIND;
     let types: Vec<&str> = statement.params.iter().map(|t| t.name()).collect();
     client
         .batch_execute(&format!(
@@ -335,9 +333,8 @@ async fn replay_buffers(client: &tokio_postgres::Client, name: &str, key: &str) 
         .query(
             &format!(
                 "EXPLAIN (ANALYZE, BUFFERS, SUMMARY OFF) EXECUTE {name}(\
-                 ARRAY[gen_random_uuid()], '{merchant}'::uuid, ARRAY['{key}'], \
-                 ARRAY[sha256('replay')], ARRAY[100::int8], ARRAY['USD'], ARRAY[NULL::text], \
-                 ARRAY[NULL::text], ARRAY['{{}}'::jsonb], 30000)"
+                 gen_random_uuid(), '{merchant}'::uuid, '{key}', sha256('replay'), 100, \
+                 'USD', NULL, NULL, '{{}}'::jsonb, 30000)"
             ),
             &[],
         )

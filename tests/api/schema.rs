@@ -273,7 +273,7 @@ async fn every_request_path_statement_filters_by_merchant() {
     if crate::helpers::skipped_on_citus(
         "every_request_path_statement_filters_by_merchant",
         "it reads PostgreSQL's plans of plain tables; on Citus \
-         on_citus_every_request_path_statement_touches_one_shard checks the routing",
+         on_citus_every_request_path_statement_contacts_one_worker checks the routing",
     )
     .await
     {
@@ -323,24 +323,31 @@ async fn every_request_path_statement_filters_by_merchant() {
     }
 }
 
-/// The outbox's queue row is written by the statement that writes the
-/// event (a trigger cannot do it on a database distributed by merchant):
-/// every statement that inserts into `events` inserts into `event_queue`
-/// too, from what it inserted.
+/// An event is written by a statement of its own, in the transaction of
+/// the state change it records, and queued by `events::QUEUE` after it (an
+/// INSERT inside a CTE would make Citus send its result to every worker).
+/// So that a request that lost the race to record a change adds nothing,
+/// each such statement reads its row by merchant and id as the transaction
+/// left it and adds at most one event per row and type.
 #[test]
-fn every_statement_that_writes_an_event_queues_it() {
+fn every_statement_that_writes_an_event_adds_one_per_change() {
     let mut writers = 0;
     for (name, statement) in chargeonce::db::ALL_STATEMENTS {
-        if statement.sql.contains("INSERT INTO events") {
-            writers += 1;
-            assert!(
-                statement.sql.contains("INSERT INTO event_queue")
-                    && statement.sql.contains("FROM event)"),
-                "{name} writes an event without queueing it"
-            );
+        let sql = statement.sql;
+        if !sql.contains("INSERT INTO events") {
+            continue;
         }
+        writers += 1;
+        assert!(
+            name.ends_with("_EVENT")
+                && !sql.contains("WITH ")
+                && !sql.contains("event_queue")
+                && sql.contains("WHERE merchant_id = $1 AND id = $2")
+                && sql.contains("_id IS NOT NULL DO NOTHING"),
+            "{name} does not add at most one event per row and type on its own: {sql}"
+        );
     }
-    assert!(writers >= 4, "the statements that write events ({writers})");
+    assert_eq!(writers, 3, "the statements that write events");
 }
 
 /// Every table of the schema states where it lives on Citus
@@ -572,82 +579,139 @@ fn migrations_after_v8_run_in_one_do_block() {
     eprintln!("migrations after V8: {checked:?}");
 }
 
-/// On Citus every statement of the request path runs on the one shard of
-/// its merchant: in Citus's plan of each (made with sample values, one
-/// merchant throughout), every step names one task. A statement with an
-/// INSERT inside a CTE runs as a few such steps (Citus routes only SELECT,
-/// UPDATE and DELETE CTEs whole); each still touches that one shard. The
+/// On Citus every statement of the request path is carried out by the one
+/// worker that holds its merchant's shards: each is run (with sample
+/// values, one merchant throughout, in a transaction rolled back) with
+/// `citus.log_remote_commands` on, and the commands the coordinator sends
+/// name one worker at most. A plan's task count is not enough: an INSERT
+/// inside a CTE runs as a step of its own whose result Citus sends to every
+/// worker, so one worker down would fail every merchant's request. The
 /// workers' reads across merchants are the listed exceptions.
 #[tokio::test]
-async fn on_citus_every_request_path_statement_touches_one_shard() {
+async fn on_citus_every_request_path_statement_contacts_one_worker() {
     let database = migrated_database().await;
     let client = database.client().await;
     if !on_citus(
         &client,
-        "on_citus_every_request_path_statement_touches_one_shard",
+        "on_citus_every_request_path_statement_contacts_one_worker",
     )
     .await
     {
         return;
     }
-    use tokio_postgres::types::Type;
+    let workers: Vec<String> = client
+        .query(
+            "SELECT nodename || ':' || nodeport FROM pg_dist_node WHERE groupid <> 0",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(workers.len(), 2, "the test cluster has two workers");
+    let (client, mut notices) = connect_with_notices(&database.url).await;
     let merchant = uuid::Uuid::now_v7();
-    let sample = |kind: &Type| -> String {
-        let value = match *kind {
-            Type::UUID => format!("'{merchant}'"),
-            Type::UUID_ARRAY => format!("ARRAY['{merchant}']"),
-            Type::TEXT => "'x'".to_owned(),
-            Type::TEXT_ARRAY => "ARRAY['x']".to_owned(),
-            Type::INT8 | Type::INT4 => "1".to_owned(),
-            Type::INT8_ARRAY => "ARRAY[1]".to_owned(),
-            Type::BYTEA => "'\\x00'".to_owned(),
-            Type::BYTEA_ARRAY => "ARRAY['\\x00'::bytea]".to_owned(),
-            Type::JSONB => "'{}'".to_owned(),
-            Type::JSONB_ARRAY => "ARRAY['{}'::jsonb]".to_owned(),
-            Type::TIMESTAMPTZ => "now()".to_owned(),
-            Type::BOOL => "true".to_owned(),
-            ref other => panic!("no sample value for {other}"),
-        };
-        // An array type's name is its element's with a leading `_`.
-        let cast = match kind.name().strip_prefix('_') {
-            Some(element) => format!("{element}[]"),
-            None => kind.name().to_owned(),
-        };
-        format!("{value}::{cast}")
-    };
     let mut spread = Vec::new();
-    let mut checked = 0;
+    let mut routed = 0;
     for (name, statement) in chargeonce::db::ALL_STATEMENTS {
         if ACROSS_MERCHANTS.contains(name) {
             continue;
         }
-        // The values written into the statement, `$10` before `$1`: Citus
-        // plans some statements (an INSERT … SELECT) only with their
-        // values known, which EXPLAIN EXECUTE of a prepared one does not
-        // give it.
+        // The values written into the statement, `$10` before `$1`.
         let mut sql = statement.sql.to_owned();
         for (n, kind) in statement.params.iter().enumerate().rev() {
-            sql = sql.replace(&format!("${}", n + 1), &format!("({})", sample(kind)));
+            sql = sql.replace(
+                &format!("${}", n + 1),
+                &format!("({})", sample(kind, merchant)),
+            );
         }
-        let plan: Vec<String> = client
-            .query(&format!("EXPLAIN {sql}"), &[])
+        client
+            .batch_execute(
+                "BEGIN; SET LOCAL citus.log_remote_commands = on; \
+                 SET LOCAL client_min_messages = log",
+            )
             .await
-            .unwrap_or_else(|e| panic!("{name}: {e:?}"))
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
-        let tasks: Vec<&str> = plan
-            .iter()
-            .filter_map(|line| line.trim().strip_prefix("Task Count: "))
-            .collect();
-        if tasks.is_empty() || tasks.iter().any(|count| *count != "1") {
-            spread.push(format!("{name}:\n{}", plan.join("\n")));
+            .unwrap();
+        while notices.try_recv().is_ok() {}
+        // A sample value may break a constraint: the commands sent up to
+        // that point are what counts.
+        if let Err(e) = client.batch_execute(&sql).await {
+            let message = e.as_db_error().map(|e| e.message().to_owned());
+            assert!(
+                message.as_deref().is_some_and(|m| m.contains("violates")),
+                "{name}: {e:?}"
+            );
         }
-        checked += 1;
+        client.batch_execute("ROLLBACK").await.unwrap();
+        let mut contacted = std::collections::BTreeSet::new();
+        while let Ok(notice) = notices.try_recv() {
+            for worker in &workers {
+                if notice.contains(worker.as_str()) {
+                    contacted.insert(worker.clone());
+                }
+            }
+        }
+        match contacted.len() {
+            0 => {}
+            1 => routed += 1,
+            _ => spread.push(format!("{name} contacts {contacted:?}")),
+        }
     }
-    assert!(spread.is_empty(), "{}", spread.join("\n\n"));
+    assert!(spread.is_empty(), "{}", spread.join("\n"));
+    // Every statement on a per-merchant table reaches its worker: the
+    // notices were seen (the merchant tables' ones only read the
+    // coordinator's reference tables).
     assert!(
-        checked >= 25,
-        "the request path's statements were checked ({checked})"
+        routed >= 30,
+        "the request path's statements were seen reaching one worker ({routed})"
     );
+}
+
+/// A literal of `kind` for a statement run with written-in values.
+fn sample(kind: &tokio_postgres::types::Type, merchant: uuid::Uuid) -> String {
+    use tokio_postgres::types::Type;
+    let value = match *kind {
+        Type::UUID => format!("'{merchant}'"),
+        Type::UUID_ARRAY => format!("ARRAY['{merchant}']"),
+        Type::TEXT => "'x'".to_owned(),
+        Type::TEXT_ARRAY => "ARRAY['x']".to_owned(),
+        Type::INT8 | Type::INT4 => "1".to_owned(),
+        Type::INT8_ARRAY => "ARRAY[1]".to_owned(),
+        Type::BYTEA => "'\\x00'".to_owned(),
+        Type::BYTEA_ARRAY => "ARRAY['\\x00'::bytea]".to_owned(),
+        Type::JSONB => "'{}'".to_owned(),
+        Type::JSONB_ARRAY => "ARRAY['{}'::jsonb]".to_owned(),
+        Type::TIMESTAMPTZ => "now()".to_owned(),
+        Type::BOOL => "true".to_owned(),
+        ref other => panic!("no sample value for {other}"),
+    };
+    // An array type's name is its element's with a leading `_`.
+    let cast = match kind.name().strip_prefix('_') {
+        Some(element) => format!("{element}[]"),
+        None => kind.name().to_owned(),
+    };
+    format!("{value}::{cast}")
+}
+
+/// A connection whose notices (message and detail) arrive on the receiver.
+async fn connect_with_notices(
+    url: &str,
+) -> (
+    tokio_postgres::Client,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test database");
+    let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            if let Ok(tokio_postgres::AsyncMessage::Notice(notice)) = message {
+                let detail = notice.detail().unwrap_or_default();
+                let _ = sender.send(format!("{} {detail}", notice.message()));
+            }
+        }
+    });
+    (client, receiver)
 }

@@ -250,7 +250,7 @@ async fn database_statements_run_in_spans_at_debug_level() {
             .iter()
             .any(|line| span(line, "db").is_some_and(|db| db["statement"]
                 .as_str()
-                .is_some_and(|name| name.starts_with("charges::INSERT_OR_FIND")))),
+                .is_some_and(|name| name == "charges::INSERT_MANY"))),
         "{statements:#?}"
     );
 

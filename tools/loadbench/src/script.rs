@@ -5,10 +5,12 @@
 //!   [`statement_lines`]: each `$n` becomes a pgbench value of the same
 //!   kind as the service's (a variable given with `-D`, a number pgbench
 //!   draws, or SQL the server evaluates), cast to the parameter's declared
-//!   type, as the service's typed parameters are. Each statement is its own
-//!   transaction, as in the service (autocommit); `\gset` carries the
-//!   charge id from the insert into the outcome update, as the service
-//!   carries it, and makes pgbench fail if a statement finds no row.
+//!   type, as the service's typed parameters are. The insert is its own
+//!   transaction (autocommit), as in the service; `\gset` carries the
+//!   charge id from it into the outcome, as the service carries it, and
+//!   makes pgbench fail if it finds no row. The outcome, its event and the
+//!   event's queue row are one transaction sent as one pipeline with BEGIN,
+//!   then COMMIT, as the service sends them.
 //! - **the floor**: the least SQL this design can cost (one insert and one
 //!   update for a new charge, one unique-index lookup for a replay) on a
 //!   minimal table of its own, written here as it is. It does not change
@@ -22,7 +24,8 @@ use std::fmt::Write as _;
 use std::sync::LazyLock;
 
 use anyhow::{bail, ensure, Context as _, Result};
-use chargeonce::db::charges::{INSERT_OR_FIND_MANY, STATEMENTS};
+use chargeonce::db::charges::{INSERT_OR_FIND, STATEMENTS};
+use chargeonce::db::events::QUEUE;
 use chargeonce::db::Statement;
 use chargeonce::domain::Status;
 use regex::Regex;
@@ -33,10 +36,14 @@ use crate::scenario::POOL_KEY_PREFIX;
 
 /// The constants a new charge runs, in order (capture checks the service
 /// runs exactly these per request).
-pub const NEW_CHARGE_STATEMENTS: &[&str] =
-    &["charges::INSERT_OR_FIND_MANY", "charges::RECORD_OUTCOME"];
+pub const NEW_CHARGE_STATEMENTS: &[&str] = &[
+    "charges::INSERT_OR_FIND",
+    "charges::RECORD_OUTCOME",
+    "charges::RECORD_EVENT",
+    "events::QUEUE",
+];
 /// The constants a replay runs.
-pub const REPLAY_STATEMENTS: &[&str] = &["charges::INSERT_OR_FIND_MANY"];
+pub const REPLAY_STATEMENTS: &[&str] = &["charges::INSERT_OR_FIND"];
 
 /// A time-ordered id like the service's UUIDv7: milliseconds, then random,
 /// as 32 hex digits (the translator casts them to uuid). Random (v4) ids
@@ -159,7 +166,7 @@ fn heading(script: &mut String, index: usize, total: usize, name: &str) {
     let _ = writeln!(script, "\n-- {index}/{total} {name}");
 }
 
-/// The values `charges::INSERT_OR_FIND_MANY` gets in a script, with the key
+/// The values `charges::INSERT_OR_FIND` gets in a script, with the key
 /// given: the rest is what the service sends for the benchmark's body.
 fn insert_or_find_values(key: Value) -> Vec<Value> {
     vec![
@@ -177,31 +184,45 @@ fn insert_or_find_values(key: Value) -> Vec<Value> {
 }
 
 /// A new charge with the service's own SQL: a fresh key per run, the
-/// pending charge inserted, then its outcome (and outbox event) recorded.
+/// pending charge inserted, then its outcome, its outbox event and the
+/// event's queue row recorded in one transaction. The event's id is the
+/// charge's (unique among the benchmark's events: one per charge).
 pub fn own_sql_new() -> Result<String> {
     let key = Value::drawn("k", &format!("random(1, {RANDOM_MAX})"), "'pgb-' || :run || '-' || :k");
+    let (merchant, id) = (Value::var("claim_merchant_id"), Value::var("claim_id"));
     let mut text = String::new();
-    heading(&mut text, 1, 2, NEW_CHARGE_STATEMENTS[0]);
-    text.push_str(&statement_lines(
-        &INSERT_OR_FIND_MANY,
-        &insert_or_find_values(key),
-        Some("claim_"),
-    )?);
-    heading(&mut text, 2, 2, NEW_CHARGE_STATEMENTS[1]);
+    heading(&mut text, 1, 4, NEW_CHARGE_STATEMENTS[0]);
+    text.push_str(&statement_lines(&INSERT_OR_FIND, &insert_or_find_values(key), Some("claim_"))?);
+    text.push_str("\\startpipeline\nBEGIN;\n");
+    heading(&mut text, 2, 4, NEW_CHARGE_STATEMENTS[1]);
     text.push_str(&statement_lines(
         &STATEMENTS.record_outcome,
         &[
-            Value::var("claim_merchant_id"),
-            Value::var("claim_id"),
+            merchant.clone(),
+            id.clone(),
             Value::var("status"),
             Value::sql("NULL"), // failure_code
             Value::sql("NULL"), // failure_message
             Value::sql(PAYMENT_ID_SQL),
-            Value::sql(NEW_ID_SQL), // the event's id
-            Value::var("payload"),
         ],
-        Some("outcome_"),
+        None,
     )?);
+    heading(&mut text, 3, 4, NEW_CHARGE_STATEMENTS[2]);
+    text.push_str(&statement_lines(
+        &STATEMENTS.record_event,
+        &[
+            merchant.clone(),
+            id.clone(),
+            id.clone(),
+            Value::var("payload"),
+            Value::var("status"),
+            Value::sql("0"), // processor attempts at least
+        ],
+        None,
+    )?);
+    heading(&mut text, 4, 4, NEW_CHARGE_STATEMENTS[3]);
+    text.push_str(&statement_lines(&QUEUE, &[merchant, id], None)?);
+    text.push_str("\\endpipeline\nCOMMIT;\n");
     Ok(text)
 }
 
@@ -216,7 +237,7 @@ pub fn own_sql_replay(pool_size: usize) -> Result<String> {
     let mut text = String::new();
     heading(&mut text, 1, 1, REPLAY_STATEMENTS[0]);
     text.push_str(&statement_lines(
-        &INSERT_OR_FIND_MANY,
+        &INSERT_OR_FIND,
         &insert_or_find_values(key),
         Some("claim_"),
     )?);
@@ -347,8 +368,7 @@ mod tests {
         let new = own_sql_new().unwrap();
         assert!(new.contains("\\set k random(1, 9223372036854775806)\n"));
         assert!(new.contains("('pgb-' || :run || '-' || :k)::text"));
-        assert!(new.contains(" \\gset claim_\n") && new.contains(" \\gset outcome_\n"));
-        assert!(new.contains("FROM unnest(ARRAY["), "a batch of one: {new}");
+        assert!(new.contains(" \\gset claim_\n") && new.contains("\\startpipeline\nBEGIN;"));
         assert!(
             new.contains("WHERE merchant_id = :claim_merchant_id::uuid AND id = :claim_id::uuid")
         );
