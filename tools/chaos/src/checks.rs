@@ -563,4 +563,18 @@ mod tests {
             ]
         );
     }
+
+    #[test]
+    fn a_503_beside_a_stopped_worker_is_a_violation() {
+        let answers = |pairs: &[(&str, u64)]| {
+            pairs.iter().map(|(status, n)| ((*status).to_owned(), *n)).collect()
+        };
+        let mut outage = Outage {
+            since: None,
+            answers: [answers(&[("503", 9)]), answers(&[("201", 5), ("409", 1)])],
+        };
+        assert_eq!(worker_outage(&outage).violations, Vec::<String>::new());
+        outage.answers[1] = answers(&[("201", 5), ("503", 2)]);
+        assert_eq!(worker_outage(&outage).violations, ["503 ×2 for the other merchants"]);
+    }
 }
