@@ -37,9 +37,9 @@
 //!   `postgres`. `fsync = off`: a crashed PostgreSQL loses nothing (the data
 //!   is in the operating system's cache), only a crash of the machine would,
 //!   and tests do not survive that anyway.
-//! - A port is found by binding port 0 and letting it go; if another
-//!   process takes it before PostgreSQL does, start-up is tried again on
-//!   another.
+//! - A port is found by binding a random one below Linux's ephemeral range
+//!   and letting it go ([`free_port`]); if another process takes it before
+//!   PostgreSQL does, start-up is tried again on another.
 //! - A test process that dies without dropping its clusters leaves servers
 //!   running; the next [`Cluster::start`] stops and removes clusters whose
 //!   owning process is gone.
@@ -174,12 +174,16 @@ fn find_bin_dir() -> Option<PathBuf> {
     versions.pop().map(|(_, dir)| dir)
 }
 
-/// A port of 127.0.0.1 that was free a moment ago.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .expect("a free port on 127.0.0.1")
+/// A port of 127.0.0.1 that was free a moment ago, in 26000-32767: below
+/// Linux's ephemeral range (32768-60999), where any connection's local end
+/// can hold a port that a server restarted on it wants back; above the
+/// scripts' fixed ports (25429-25442).
+pub fn free_port() -> u16 {
+    let mut rng = rand::thread_rng();
+    (0..1000)
+        .map(|_| rand::Rng::gen_range(&mut rng, 26_000..32_768))
+        .find(|&port| TcpListener::bind(("127.0.0.1", port)).is_ok())
+        .expect("a free port of 127.0.0.1 in 26000-32767")
 }
 
 /// One server of the cluster. Its role is the one it was started with:
@@ -598,7 +602,14 @@ pub struct Server {
 impl Server {
     /// Creates and starts the server.
     pub async fn start() -> Self {
-        tokio::task::spawn_blocking(|| {
+        Self::start_with("").await
+    }
+
+    /// Creates and starts the server with `settings` (lines of
+    /// `postgresql.conf`) added to the usual ones.
+    pub async fn start_with(settings: &str) -> Self {
+        let settings = settings.to_owned();
+        tokio::task::spawn_blocking(move || {
             let (programs, root) = make_root();
             let mut server = Self {
                 node: Node {
@@ -611,6 +622,7 @@ impl Server {
                 root,
             };
             init_node(&server.root, &server.node);
+            append(&server.node.data.join("postgresql.conf"), &settings);
             server.node.start_blocking();
             server
         })
@@ -630,6 +642,13 @@ impl Server {
     pub async fn restart_immediate(&mut self) -> Duration {
         let started = Instant::now();
         self.node.stop_immediate().await;
+        self.start_again().await;
+        started.elapsed()
+    }
+
+    /// Starts the stopped server again on its port (with crash recovery
+    /// after an immediate stop). Panics if the port was taken meanwhile.
+    pub async fn start_again(&mut self) {
         let port = self.node.port;
         let mut node = Node {
             name: self.node.name,
@@ -649,7 +668,6 @@ impl Server {
             "the server's port was taken while it was down"
         );
         self.node = node;
-        started.elapsed()
     }
 
     /// The folder the server lives in.

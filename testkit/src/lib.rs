@@ -14,12 +14,14 @@
 //!   answers after the request went through;
 //! - [`cluster`]: a private PostgreSQL primary with a synchronous
 //!   streaming-replication standby, to crash the one and promote the other;
-//!   or a single private server ([`Server`]) to crash and start again.
+//!   or a single private server ([`Server`]) to crash and start again;
+//! - [`citus`]: private servers as a Citus coordinator and workers.
 //!
 //! Nothing here is part of the service; it is never built into it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod chargeonce;
+pub mod citus;
 pub mod cluster;
 pub mod db;
 pub mod pgbouncer;
@@ -27,7 +29,8 @@ pub mod process;
 pub mod proxy;
 
 pub use chargeonce::{Chargeonce, ANNOUNCING_LOG};
-pub use cluster::{Cluster, Node, Server};
+pub use citus::Citus;
+pub use cluster::{free_port, Cluster, Node, Server};
 pub use db::{admin_url, on_citus, redact, server_address, with_database, TestDatabase};
 pub use nix::sys::signal::Signal;
 pub use pgbouncer::PgBouncer;

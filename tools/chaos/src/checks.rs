@@ -3,12 +3,12 @@
 //! psp-sim's ledger (`snapshot`), and the receiver (what webhooks arrived);
 //! plus what the clients were told.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde_json::Value;
 
 use crate::snapshot::{ChargeRow, Ledger, RefundRow, Snapshot};
-use crate::workload::{Kind, Outcome, Record};
+use crate::workload::{Kind, Outage, Outcome, Record};
 
 /// One invariant's result: how many things it looked at, and every
 /// offender.
@@ -39,7 +39,6 @@ pub struct Received<'a> {
 pub struct Told<'a> {
     pub records: &'a HashMap<String, Record>,
     pub bad_answers: &'a [String],
-    pub late_503: &'a [String],
 }
 
 /// Every invariant, in the order of RELIABILITY.md.
@@ -337,8 +336,28 @@ fn documented_answers(told: &Told<'_>) -> Verdict {
     verdict.checked = told.records.len();
     verdict.violations.extend(told.bad_answers.iter().cloned());
     verdict
-        .violations
-        .extend(told.late_503.iter().map(|at| format!("503 after faults stopped: {at}")));
+}
+
+/// On Citus, while a worker was down (the other faults paused): its
+/// merchants were answered 503 (with `Retry-After`, checked with every
+/// answer), the other merchants were served and never answered 503; an
+/// attempt without an answer is a violation on either side.
+pub fn worker_outage(outage: &Outage) -> Verdict {
+    let mut verdict = Verdict::new("a worker down: 503 for its merchants, the others served");
+    let [stopped, others] = &outage.answers;
+    let n = |answers: &BTreeMap<String, u64>, status| answers.get(status).copied().unwrap_or(0);
+    let all: u64 = stopped.values().chain(others.values()).sum();
+    verdict.checked = usize::try_from(all).unwrap_or(usize::MAX);
+    let served = n(others, "201") + n(others, "402") + n(others, "400");
+    let unanswered = n(stopped, "no answer") + n(others, "no answer");
+    let failures = [
+        (n(stopped, "503") == 0, "no 503 for the merchants on the stopped worker".to_owned()),
+        (served == 0, "no final answer for the merchants on the other worker".to_owned()),
+        (n(others, "503") > 0, format!("503 ×{} for the other merchants", n(others, "503"))),
+        (unanswered > 0, format!("{unanswered} attempts without an answer")),
+    ];
+    let failed = failures.into_iter().filter(|(failed, _)| *failed);
+    verdict.violations.extend(failed.map(|(_, what)| what));
     verdict
 }
 
@@ -460,7 +479,7 @@ mod tests {
             db,
             ledger,
             &Received { acknowledged, mismatched: &[] },
-            &Told { records, bad_answers, late_503: &[] },
+            &Told { records, bad_answers },
             true,
         )
         .into_iter()
@@ -543,5 +562,19 @@ mod tests {
                 "only documented statuses (no 500; 503 only while faults ran)"
             ]
         );
+    }
+
+    #[test]
+    fn a_503_beside_a_stopped_worker_is_a_violation() {
+        let answers = |pairs: &[(&str, u64)]| {
+            pairs.iter().map(|(status, n)| ((*status).to_owned(), *n)).collect()
+        };
+        let mut outage = Outage {
+            since: None,
+            answers: [answers(&[("503", 9)]), answers(&[("201", 5), ("409", 1)])],
+        };
+        assert_eq!(worker_outage(&outage).violations, Vec::<String>::new());
+        outage.answers[1] = answers(&[("201", 5), ("503", 2)]);
+        assert_eq!(worker_outage(&outage).violations, ["503 ×2 for the other merchants"]);
     }
 }

@@ -5,18 +5,26 @@
 //! - crashes: SIGKILL of a random instance every few seconds, started
 //!   again (same port) after a short pause.
 //!
-//! The PostgreSQL restart is in `main` (it owns the server); psp-sim's and
-//! the receiver's faults are their own.
+//! The PostgreSQL restart and the Citus worker's outage are in `main` (it
+//! owns the servers); psp-sim's and the receiver's faults are their own.
+//! Each fault here holds `Counts::quiet` for reading while it lasts: the
+//! worker's outage holds it for writing, so these faults pause meanwhile
+//! and what its merchants' neighbours see is the outage's doing alone.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chargeonce_testkit::ProxyMode;
+use chargeonce_testkit::{ProxyMode, Server};
 use rand::Rng;
 use tokio::sync::Mutex;
 
 use crate::stack::Instance;
+use crate::workload::{lock, Shared};
+
+/// How long after the other faults ended a worker stops: their
+/// after-effects (a query timing out after a stall) are then over.
+const QUIET: Duration = Duration::from_secs(4);
 
 #[derive(Debug, Default)]
 pub struct Counts {
@@ -25,6 +33,7 @@ pub struct Counts {
     pub kills: AtomicUsize,
     pub restarts: AtomicUsize,
     pub failed_starts: AtomicUsize,
+    pub quiet: tokio::sync::RwLock<()>,
 }
 
 pub type Instances = Arc<Vec<Mutex<Instance>>>;
@@ -38,6 +47,10 @@ fn pause(min_ms: u64, max_ms: u64) -> Duration {
 pub async fn network(instances: Instances, counts: Arc<Counts>, until: Instant) {
     while Instant::now() < until {
         tokio::time::sleep(pause(500, 2000)).await;
+        let _fault = counts.quiet.read().await;
+        if Instant::now() >= until {
+            break;
+        }
         let (index, stall) = {
             let mut rng = rand::thread_rng();
             (rng.gen_range(0..instances.len()), rng.gen_bool(0.5))
@@ -73,6 +86,7 @@ pub async fn crashes(
 ) -> anyhow::Result<()> {
     while Instant::now() < until {
         tokio::time::sleep(pause(2000, 5000)).await;
+        let _fault = counts.quiet.read().await;
         if Instant::now() >= until {
             break;
         }
@@ -87,4 +101,25 @@ pub async fn crashes(
         counts.restarts.fetch_add(1, Ordering::Relaxed);
     }
     Ok(())
+}
+
+/// Stops a Citus worker in immediate mode for `down`, then starts it
+/// again, the other faults paused from [`QUIET`] before; the answers
+/// meanwhile are counted by side (`Shared::outage`). Returns how long the
+/// worker was down.
+pub async fn worker_outage(
+    worker: &mut Server,
+    counts: &Counts,
+    shared: &Shared,
+    down: Duration,
+) -> Duration {
+    let _quiet = counts.quiet.write().await;
+    tokio::time::sleep(QUIET).await;
+    worker.node().stop_immediate().await;
+    let stopped = Instant::now();
+    lock(&shared.outage).since = Some(stopped);
+    tokio::time::sleep(down).await;
+    lock(&shared.outage).since = None;
+    worker.start_again().await;
+    stopped.elapsed()
 }

@@ -6,9 +6,11 @@
 //! faults stop, everything settles, and the invariants are checked from the
 //! database, psp-sim's ledger and the receiver. Exit status: 0 when every
 //! invariant holds, 1 on a violation (the offenders are named), 2 when the
-//! run could not be made.
+//! run could not be made. With `--citus`, the database is a private Citus
+//! cluster, merchants on both workers, and one worker is stopped for a
+//! while.
 //!
-//! `cargo run --release -p chaos -- --seconds 60`
+//! `cargo run --release -p chaos -- --seconds 60 [--citus]`
 
 mod checks;
 mod faults;
@@ -26,14 +28,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
-use chargeonce_testkit::{Chargeonce, Proxy, Server};
+use chargeonce_testkit::{Chargeonce, Citus, Proxy, Server, TestDatabase};
 use clap::Parser;
 use tokio::sync::Mutex;
 
 use crate::checks::{Received, Told};
 use crate::snapshot::{Ledger, Snapshot};
 use crate::stack::Instance;
-use crate::workload::{lock, Kind, Scenarios, Shared};
+use crate::workload::{lock, Kind, Shared};
 
 /// Service instances.
 const INSTANCES: usize = 3;
@@ -64,6 +66,10 @@ struct Args {
     /// Where logs and the report go (default: target/chaos).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// On a private Citus cluster (a coordinator, two workers), with
+    /// merchants on both workers, one worker stopped for a while.
+    #[arg(long)]
+    citus: bool,
 }
 
 static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
@@ -127,15 +133,23 @@ async fn run(args: Args) -> Result<bool> {
     }
     say(&format!("seed {seed}; service {}; logs in {}", binary.path().display(), out.display()));
 
-    say("starting a private PostgreSQL server");
-    let mut server = Server::start().await;
-    server.node().create_database("chargeonce").await;
-    let direct_url = server.node().url("chargeonce");
+    let (mut server, mut workers) = if args.citus {
+        say("starting a private Citus cluster: a coordinator and 2 workers");
+        let citus = Citus::start(2).await;
+        (citus.coordinator, citus.workers)
+    } else {
+        say("starting a private PostgreSQL server");
+        (Server::start().await, Vec::new())
+    };
+    let database = TestDatabase::empty_on(&server.node().url("postgres")).await;
+    let direct_url = database.url.clone();
     binary.run(&direct_url, &["migrate"]).await.map_err(anyhow::Error::msg)?;
-    let secret = binary
-        .run(&direct_url, &["merchant", "create", "Chaos"])
-        .await
-        .map_err(anyhow::Error::msg)?;
+    let (db, _connection) = connect(&direct_url).await?;
+    let merchants = stack::create_merchants(&binary, &db, &direct_url, &workers).await?;
+    let on_stopped = merchants.iter().filter(|(_, stopped)| *stopped).count();
+    if args.citus {
+        say(&format!("{} merchants, {on_stopped} on the worker that stops", merchants.len()));
+    }
 
     let psp = stack::start_psp_sim(&binary, &out, seed).await?;
     let receiver = receiver::Receiver::start(seed).await?;
@@ -145,33 +159,44 @@ async fn run(args: Args) -> Result<bool> {
         let listen = "127.0.0.1:0".parse().context("an address")?;
         let proxy =
             Proxy::start_on(listen, server.node().address(), seed.wrapping_add(index as u64)).await;
-        let mut instance = Instance::new(index, proxy, &direct_url, &psp.url, &binary, &out)?;
+        let mut instance = Instance::new(index, proxy, &direct_url, &psp.url, &binary, &out);
         instance.start(3).await?;
         say(&format!("instance {index} on {}", instance.url()));
         instances.push(instance);
     }
     let urls: Vec<String> = instances.iter().map(Instance::url).collect();
-    create_endpoint(&urls[0], &secret, &receiver.url).await?;
+    for (secret, _) in &merchants {
+        create_endpoint(&urls[0], secret, &receiver.url).await?;
+    }
     let instances: faults::Instances = Arc::new(instances.into_iter().map(Mutex::new).collect());
 
-    let shared = Arc::new(Shared::new(&urls, &secret)?);
-    let scenarios = Arc::new(Scenarios::default());
+    let shared = Arc::new(Shared::new(&urls, &merchants)?);
     let counts = Arc::new(faults::Counts::default());
     let started = Instant::now();
     let until = started + Duration::from_secs(args.seconds);
-    say(&format!("{} s of faults with {} customers", args.seconds, args.clients));
+    // Each merchant has customers of its own.
+    let clients = args.clients.max(merchants.len());
+    say(&format!("{} s of faults with {clients} customers", args.seconds));
     let network = tokio::spawn(faults::network(instances.clone(), counts.clone(), until));
     let crashes = tokio::spawn(faults::crashes(instances.clone(), counts.clone(), until));
     let mut customers = tokio::task::JoinSet::new();
-    for _ in 0..args.clients {
-        customers.spawn(workload::customer(shared.clone(), scenarios.clone(), until));
+    for customer in 0..clients {
+        customers.spawn(workload::customer(shared.clone(), customer % merchants.len(), until));
     }
 
-    // One PostgreSQL crash and restart, half-way.
+    // One PostgreSQL crash and restart (the coordinator's on Citus),
+    // half-way; then, on Citus, the first worker's outage.
     tokio::time::sleep_until((started + Duration::from_secs(args.seconds / 2)).into()).await;
     say("PostgreSQL: immediate restart");
     let pg_down = server.restart_immediate().await;
     say(&format!("PostgreSQL back after {pg_down:.1?}"));
+    let mut worker_down = None;
+    if let Some(worker) = workers.first_mut() {
+        let down = Duration::from_secs((args.seconds / 4).clamp(2, 10));
+        say(&format!("other faults pause; then the worker on port {} stops", worker.node().port()));
+        worker_down = Some(faults::worker_outage(worker, &counts, &shared, down).await);
+        say("the worker runs again; other faults resume");
+    }
 
     network.await.context("the network fault task")?;
     crashes.await.context("the crash task")??;
@@ -194,6 +219,7 @@ async fn run(args: Args) -> Result<bool> {
     say(&format!("resuming {unfinished} operations without a final answer, with their keys"));
     shared.resume_unfinished(calm + bound).await;
 
+    // A new connection: the first one ended with the restart.
     let (db, _connection) = connect(&direct_url).await?;
     let (settled, snapshot) = settle(&db, &receiver, calm, bound).await?;
     let settle_time = calm.elapsed();
@@ -201,23 +227,27 @@ async fn run(args: Args) -> Result<bool> {
 
     let records = std::mem::take(&mut *lock(&shared.records));
     let bad_answers = lock(&shared.bad_answers).clone();
-    let late_503 = lock(&shared.late_503).clone();
-    let verdicts = receiver.with_tally(|tally| {
+    let mut verdicts = receiver.with_tally(|tally| {
         checks::check(
             &snapshot,
             &ledger,
             &Received { acknowledged: &tally.acknowledged, mismatched: &tally.mismatched },
-            &Told { records: &records, bad_answers: &bad_answers, late_503: &late_503 },
+            &Told { records: &records, bad_answers: &bad_answers },
             settled,
         )
     });
+    let outage = std::mem::take(&mut *lock(&shared.outage));
+    if worker_down.is_some() {
+        verdicts.push(checks::worker_outage(&outage));
+    }
 
     // The summary.
     let operations = records.values().filter_map(|r| r.operation.as_ref());
     let charges_ops = operations.clone().filter(|o| o.kind == Kind::Charge).count();
     let burst_ops = operations.filter(|o| o.burst).count();
-    let (arrived, acknowledged) = receiver
-        .with_tally(|tally| (tally.arrived.values().sum::<u64>(), tally.acknowledged.len()));
+    let (arrived, answered_500, dropped, acknowledged) = receiver.with_tally(|tally| {
+        (tally.arrived, tally.answered_500, tally.dropped, tally.acknowledged.len())
+    });
     let n = |count: &std::sync::atomic::AtomicUsize| count.load(Ordering::Relaxed);
     let rows = [
         (
@@ -227,7 +257,7 @@ async fn run(args: Args) -> Result<bool> {
              instances at once), {} refunds ({} refund races); {} attempts",
                 records.len(),
                 records.len() - charges_ops,
-                n(&scenarios.refund_races),
+                n(&shared.refund_races),
                 n(&shared.attempts)
             ),
         ),
@@ -235,10 +265,11 @@ async fn run(args: Args) -> Result<bool> {
         (
             "database faults",
             format!(
-                "{} cuts, {} stalls (partitions) of an instance's connections; 1 PostgreSQL \
-             immediate restart (down {pg_down:.1?})",
+                "{} cuts, {} stalls (partitions) of an instance's connections; 1 immediate \
+             restart of {} (down {pg_down:.1?})",
                 n(&counts.cuts),
-                n(&counts.stalls)
+                n(&counts.stalls),
+                if args.citus { "the Citus coordinator" } else { "PostgreSQL" }
             ),
         ),
         (
@@ -267,18 +298,16 @@ async fn run(args: Args) -> Result<bool> {
         (
             "webhook faults",
             format!(
-                "receiver: {} answered 500, {} dropped, of {arrived} deliveries; {acknowledged} \
-             events acknowledged",
-                receiver.answered_500(),
-                receiver.dropped()
+                "receiver: {answered_500} answered 500, {dropped} dropped, of {arrived} \
+                 deliveries; {acknowledged} events acknowledged"
             ),
         ),
         (
             "database at the end",
             format!(
                 "charges {}; refunds {}; {} events; deliveries {:?}",
-                by_status(snapshot.charges.iter().map(|c| c.status.as_str())),
-                by_status(snapshot.refunds.iter().map(|r| r.status.as_str())),
+                by_status(snapshot.charges.iter().map(|c| &c.status)),
+                by_status(snapshot.refunds.iter().map(|r| &r.status)),
                 snapshot.events.len(),
                 snapshot.deliveries
             ),
@@ -292,11 +321,28 @@ async fn run(args: Args) -> Result<bool> {
             ),
         ),
     ];
+    let outage_row = worker_down.map(|down| {
+        let [stopped, others] = &outage.answers;
+        let row = format!(
+            "a worker stopped (immediate) for {down:.1?}, other faults paused: its {on_stopped} \
+             merchants got {}; the other {} got {}",
+            describe(stopped),
+            merchants.len() - on_stopped,
+            describe(others)
+        );
+        ("worker outage (Citus)", row)
+    });
+    let on_citus = if args.citus {
+        format!(" on Citus, {} merchants", merchants.len())
+    } else {
+        String::new()
+    };
     let mut report = format!(
-        "\n## chaos run: {} s of faults, {} customers, seed {seed}\n\n| what | |\n|---|---|\n",
-        args.seconds, args.clients
+        "\n## chaos run{on_citus}: {} s of faults, {clients} customers, seed {seed}\n\n\
+         | what | |\n|---|---|\n",
+        args.seconds
     );
-    for (name, value) in rows {
+    for (name, value) in rows.into_iter().chain(outage_row) {
         let _ = writeln!(report, "| {name:<24} | {value} |");
     }
     let _ = writeln!(report, "\n| invariant | checked | result |\n|---|---|---|");
@@ -327,12 +373,14 @@ async fn run(args: Args) -> Result<bool> {
         if ok { "every invariant holds" } else { "INVARIANTS VIOLATED" },
         out.join("report.md").display()
     ));
-    drop(server);
     Ok(ok)
 }
 
 /// `{"201": 10, …}` as `201 ×10, …`.
 fn describe(statuses: &BTreeMap<String, u64>) -> String {
+    if statuses.is_empty() {
+        return "none".to_owned();
+    }
     statuses
         .iter()
         .map(|(status, count)| format!("{status} ×{count}"))
@@ -340,12 +388,12 @@ fn describe(statuses: &BTreeMap<String, u64>) -> String {
         .join(", ")
 }
 
-fn by_status<'a>(statuses: impl Iterator<Item = &'a str>) -> String {
-    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+fn by_status<'a>(statuses: impl Iterator<Item = &'a String>) -> String {
+    let mut counts = BTreeMap::new();
     for status in statuses {
-        *counts.entry(status).or_default() += 1;
+        *counts.entry(status.clone()).or_default() += 1;
     }
-    counts.iter().map(|(status, count)| format!("{count} {status}")).collect::<Vec<_>>().join(", ")
+    describe(&counts)
 }
 
 async fn connect(url: &str) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>)> {

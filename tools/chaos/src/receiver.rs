@@ -5,7 +5,7 @@
 //! records each `webhook-id` that arrived and each it acknowledged (2xx).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context as _, Result};
@@ -25,8 +25,10 @@ pub const DROP_RATE: f64 = 0.10;
 
 #[derive(Default)]
 pub struct Tally {
-    /// Requests per `webhook-id`, whatever the answer.
-    pub arrived: HashMap<String, u64>,
+    /// Requests, whatever the answer; of them, answered 500 and dropped.
+    pub arrived: u64,
+    pub answered_500: u64,
+    pub dropped: u64,
     /// 2xx answers per `webhook-id`.
     pub acknowledged: HashMap<String, u64>,
     /// Bodies whose `id` was not the `webhook-id` header.
@@ -37,8 +39,6 @@ struct State {
     failing: AtomicBool,
     rng: Mutex<StdRng>,
     tally: Mutex<Tally>,
-    answered_500: AtomicU64,
-    dropped: AtomicU64,
 }
 
 pub struct Receiver {
@@ -53,12 +53,6 @@ impl Drop for Receiver {
     }
 }
 
-enum Verdict {
-    Accept,
-    Fail,
-    Drop,
-}
-
 impl Receiver {
     pub async fn start(seed: u64) -> Result<Self> {
         let listener =
@@ -68,8 +62,6 @@ impl Receiver {
             failing: AtomicBool::new(true),
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             tally: Mutex::new(Tally::default()),
-            answered_500: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
         });
         let shared = state.clone();
         let accept = tokio::spawn(async move {
@@ -98,83 +90,48 @@ impl Receiver {
         self.state.failing.store(false, Ordering::SeqCst);
     }
 
-    pub fn answered_500(&self) -> u64 {
-        self.state.answered_500.load(Ordering::SeqCst)
-    }
-
-    pub fn dropped(&self) -> u64 {
-        self.state.dropped.load(Ordering::SeqCst)
-    }
-
     /// Runs `f` on what was received so far.
     pub fn with_tally<T>(&self, f: impl FnOnce(&Tally) -> T) -> T {
         f(&self.state.tally.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 
-/// The error that makes hyper close the connection without an answer.
-#[derive(Debug)]
-struct Dropped;
-
-impl std::fmt::Display for Dropped {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("dropped on purpose")
-    }
-}
-
-impl std::error::Error for Dropped {}
-
+/// Answers a delivery: 204, or while failing at random 500 or an error,
+/// which makes hyper close the connection without an answer.
 async fn handle(
     state: &State,
     request: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Dropped> {
+) -> Result<Response<Full<Bytes>>, std::io::Error> {
     let id = request
         .headers()
         .get("webhook-id")
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_owned();
-    let body = match request.into_body().collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(_) => return Err(Dropped),
-    };
-    let verdict = if state.failing.load(Ordering::SeqCst) {
-        let roll: f64 = state.rng.lock().unwrap_or_else(|p| p.into_inner()).gen();
-        if roll < FAIL_RATE {
-            Verdict::Fail
-        } else if roll < FAIL_RATE + DROP_RATE {
-            Verdict::Drop
-        } else {
-            Verdict::Accept
-        }
+    let body = request.into_body().collect().await.map_err(std::io::Error::other)?.to_bytes();
+    let roll: f64 = if state.failing.load(Ordering::SeqCst) {
+        state.rng.lock().unwrap_or_else(|p| p.into_inner()).gen()
     } else {
-        Verdict::Accept
+        1.0
     };
-    {
-        let mut tally = state.tally.lock().unwrap_or_else(|p| p.into_inner());
-        *tally.arrived.entry(id.clone()).or_default() += 1;
-        let body_id = serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|event| event["id"].as_str().map(str::to_owned));
-        if body_id.as_deref() != Some(id.as_str()) {
-            tally.mismatched.push(id.clone());
-        }
-        if matches!(verdict, Verdict::Accept) {
-            *tally.acknowledged.entry(id).or_default() += 1;
-        }
+    let mut tally = state.tally.lock().unwrap_or_else(|p| p.into_inner());
+    tally.arrived += 1;
+    let body_id = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|event| event["id"].as_str().map(str::to_owned));
+    if body_id.as_deref() != Some(id.as_str()) {
+        tally.mismatched.push(id.clone());
     }
-    let status = match verdict {
-        Verdict::Accept => StatusCode::NO_CONTENT,
-        Verdict::Fail => {
-            state.answered_500.fetch_add(1, Ordering::SeqCst);
-            StatusCode::INTERNAL_SERVER_ERROR
-        }
-        Verdict::Drop => {
-            state.dropped.fetch_add(1, Ordering::SeqCst);
-            return Err(Dropped);
-        }
-    };
     let mut response = Response::new(Full::new(Bytes::new()));
-    *response.status_mut() = status;
+    if roll < FAIL_RATE {
+        tally.answered_500 += 1;
+        *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+    } else if roll < FAIL_RATE + DROP_RATE {
+        tally.dropped += 1;
+        return Err(std::io::Error::other("dropped on purpose"));
+    } else {
+        *tally.acknowledged.entry(id).or_default() += 1;
+        *response.status_mut() = StatusCode::NO_CONTENT;
+    }
     Ok(response)
 }

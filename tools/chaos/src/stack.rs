@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
-use chargeonce_testkit::{Chargeonce, Proxy, SpawnOptions, Spawned};
+use anyhow::{bail, Context as _, Result};
+use chargeonce_testkit::{Chargeonce, Proxy, Server, SpawnOptions, Spawned};
 
 /// psp-sim's fault rates: together 22 % of processor calls.
 pub const PSP_ERROR_RATE: f64 = 0.10;
@@ -63,6 +63,40 @@ pub async fn start_psp_sim(binary: &Chargeonce, dir: &Path, seed: u64) -> Result
     spawn(command, "/healthz", dir.join("psp-sim.log")).await
 }
 
+/// The Citus worker port of merchant `$1`'s shards.
+const WORKER_OF: &str = "SELECT n.nodeport FROM merchants m \
+    JOIN pg_dist_placement p ON p.shardid = get_shard_id_for_distribution_column('charges', m.id) \
+    JOIN pg_dist_node n ON n.groupid = p.groupid WHERE m.name = $1";
+
+/// The merchants, each one's secret and whether its shards are on the
+/// first worker (the one stopped): one merchant, or on Citus new ones
+/// until each worker has two (a merchant's shard follows from its id).
+pub async fn create_merchants(
+    binary: &Chargeonce,
+    db: &tokio_postgres::Client,
+    url: &str,
+    workers: &[Server],
+) -> Result<Vec<(String, bool)>> {
+    let mut merchants = Vec::new();
+    let mut per_worker = vec![0; workers.len()];
+    while merchants.is_empty() || per_worker.iter().any(|&count| count < 2) {
+        if merchants.len() == 40 {
+            bail!("40 merchants, and still not two on every worker: {per_worker:?}");
+        }
+        let name = format!("Chaos {}", merchants.len());
+        let secret = binary.run(url, &["merchant", "create", &name]).await;
+        let secret = secret.map_err(anyhow::Error::msg)?;
+        let mut worker = None;
+        if !workers.is_empty() {
+            let port: i32 = db.query_one(WORKER_OF, &[&name]).await?.get(0);
+            worker = workers.iter().position(|w| i32::from(w.node().port()) == port);
+            per_worker[worker.context("a merchant on no worker")?] += 1;
+        }
+        merchants.push((secret, worker == Some(0)));
+    }
+    Ok(merchants)
+}
+
 /// One service instance: its fixed HTTP port (kept across restarts, so the
 /// clients keep their addresses), its proxy to PostgreSQL, the process
 /// while it runs.
@@ -85,21 +119,17 @@ impl Instance {
         psp_url: &str,
         binary: &Chargeonce,
         dir: &Path,
-    ) -> Result<Self> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .context("finding a free port")?
-            .port();
-        Ok(Self {
+    ) -> Self {
+        Self {
             index,
-            port,
+            port: chargeonce_testkit::free_port(),
             database_url: proxy.url_for(database_url),
             proxy,
             process: None,
             psp_url: psp_url.to_owned(),
             binary: binary.clone(),
             dir: dir.to_owned(),
-        })
+        }
     }
 
     pub fn url(&self) -> String {

@@ -49,6 +49,8 @@ pub enum Outcome {
 #[derive(Debug, Clone)]
 pub struct Operation {
     pub kind: Kind,
+    /// Whose: an index into the merchants.
+    merchant: usize,
     pub key: IdempotencyKey,
     charge: NewCharge,
     /// For a refund: the charge and the request.
@@ -63,6 +65,7 @@ impl Operation {
     pub fn for_test(kind: Kind, key: &str) -> Self {
         Self {
             kind,
+            merchant: 0,
             key: IdempotencyKey::from(key),
             charge: NewCharge::new(1000, "USD"),
             refund: None,
@@ -81,20 +84,33 @@ pub struct Record {
 /// What every customer shares: the clients, the round-robin counter, and
 /// everything seen.
 pub struct Shared {
-    clients: Vec<Client>,
+    /// Per merchant, one client per instance.
+    clients: Vec<Vec<Client>>,
+    /// Per merchant: whether its shards are on the worker stopped during
+    /// the run (Citus).
+    on_stopped_worker: Vec<bool>,
     next: AtomicUsize,
     /// Answers by status ("201", …, "no answer"), all phases.
     pub statuses: Mutex<BTreeMap<String, u64>>,
     /// Answers that break the documented contract, with key and instance.
     pub bad_answers: Mutex<Vec<String>>,
-    /// 503s after faults stopped (and the grace period).
-    pub late_503: Mutex<Vec<String>>,
     /// Operations by key.
     pub records: Mutex<HashMap<String, Record>>,
     /// Set once faults stopped; 503 is expected only before this plus the
     /// grace.
     pub calm_since: Mutex<Option<Instant>>,
     pub attempts: AtomicUsize,
+    pub refund_races: AtomicUsize,
+    pub outage: Mutex<Outage>,
+}
+
+/// The answers while a worker is down (Citus), of attempts that began
+/// after it stopped and ended before it started again.
+#[derive(Debug, Default)]
+pub struct Outage {
+    pub since: Option<Instant>,
+    /// By status: merchants on the stopped worker, then the others.
+    pub answers: [BTreeMap<String, u64>; 2],
 }
 
 /// After faults stop, how long a 503 is still excused (a connection the
@@ -108,35 +124,52 @@ enum Step {
 }
 
 impl Shared {
-    pub fn new(urls: &[String], secret: &str) -> anyhow::Result<Self> {
-        let clients = urls
-            .iter()
-            .map(|url| {
-                Client::builder(url.clone(), secret)
-                    .request_timeout(ATTEMPT_TIMEOUT)
-                    .connect_timeout(Duration::from_secs(2))
-                    .retry_policy(RetryPolicy::no_retries())
-                    .build()
+    /// `merchants`: each one's secret and whether it is on the worker
+    /// that is stopped.
+    pub fn new(urls: &[String], merchants: &[(String, bool)]) -> anyhow::Result<Self> {
+        let clients = (merchants.iter())
+            .map(|(secret, _)| {
+                (urls.iter())
+                    .map(|url| {
+                        Client::builder(url.clone(), secret)
+                            .request_timeout(ATTEMPT_TIMEOUT)
+                            .connect_timeout(Duration::from_secs(2))
+                            .retry_policy(RetryPolicy::no_retries())
+                            .build()
+                    })
+                    .collect::<Result<Vec<_>, _>>()
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             clients,
+            on_stopped_worker: merchants.iter().map(|(_, stopped)| *stopped).collect(),
             next: AtomicUsize::new(0),
             statuses: Mutex::default(),
             bad_answers: Mutex::default(),
-            late_503: Mutex::default(),
             records: Mutex::default(),
             calm_since: Mutex::default(),
             attempts: AtomicUsize::new(0),
+            refund_races: AtomicUsize::new(0),
+            outage: Mutex::default(),
         })
     }
 
-    fn next_instance(&self) -> usize {
-        self.next.fetch_add(1, Ordering::Relaxed) % self.clients.len()
+    fn instances(&self) -> usize {
+        self.clients[0].len()
     }
 
-    fn count(&self, status: &str) {
+    fn next_instance(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % self.instances()
+    }
+
+    /// An answer to an attempt of `merchant`'s begun at `began`.
+    fn count(&self, status: &str, merchant: usize, began: Instant) {
         *lock(&self.statuses).entry(status.to_owned()).or_default() += 1;
+        let mut outage = lock(&self.outage);
+        if outage.since.is_some_and(|since| since <= began) {
+            let side = usize::from(!self.on_stopped_worker[merchant]);
+            *outage.answers[side].entry(status.to_owned()).or_default() += 1;
+        }
     }
 
     fn register(&self, operation: &Operation) {
@@ -151,7 +184,8 @@ impl Shared {
     /// One attempt of `operation` on instance `instance`.
     async fn attempt(&self, operation: &Operation, instance: usize) -> Step {
         self.attempts.fetch_add(1, Ordering::Relaxed);
-        let client = &self.clients[instance];
+        let began = Instant::now();
+        let client = &self.clients[operation.merchant][instance];
         let result = match &operation.refund {
             None => client
                 .charge_operation_with_key(&operation.charge, operation.key.clone())
@@ -166,13 +200,14 @@ impl Shared {
         };
         let error = match result {
             Ok(outcome) => {
-                self.count("201");
+                self.count("201", operation.merchant, began);
                 return Step::Final(outcome);
             }
             Err(error) => error,
         };
         let status = error.status().map(|s| s.as_u16());
-        self.count(&status.map_or_else(|| "no answer".to_owned(), |s| s.to_string()));
+        let answer = status.map_or_else(|| "no answer".to_owned(), |s| s.to_string());
+        self.count(&answer, operation.merchant, began);
         let key = operation.key.as_str();
         match (&error, status) {
             (Error::Declined { charge, .. }, _) => {
@@ -186,9 +221,14 @@ impl Shared {
             }
             (_, None | Some(202 | 409)) => Step::Retry,
             (_, Some(503)) => {
+                if matches!(error, Error::Api { retry_after: None, .. }) {
+                    lock(&self.bad_answers).push(format!("503 without Retry-After for key {key}"));
+                }
                 let calm = *lock(&self.calm_since);
                 if calm.is_some_and(|since| since.elapsed() > GRACE) {
-                    lock(&self.late_503).push(format!("key {key} on instance {instance}"));
+                    lock(&self.bad_answers).push(format!(
+                        "503 after faults stopped: key {key} on instance {instance}"
+                    ));
                 }
                 Step::Retry
             }
@@ -217,7 +257,7 @@ impl Shared {
             }
             tokio::time::sleep(jitter(pause)).await;
             pause = (pause * 2).min(Duration::from_millis(800));
-            instance = (instance + 1) % self.clients.len();
+            instance = (instance + 1) % self.instances();
         }
     }
 
@@ -232,11 +272,9 @@ impl Shared {
 
     /// Resumes every unfinished operation with its key, all at once, each
     /// until `deadline`.
-    pub async fn resume_unfinished(self: &Arc<Self>, deadline: Instant) -> usize {
-        let unfinished = self.unfinished();
-        let count = unfinished.len();
+    pub async fn resume_unfinished(self: &Arc<Self>, deadline: Instant) {
         let mut tasks = JoinSet::new();
-        for operation in unfinished {
+        for operation in self.unfinished() {
             let shared = self.clone();
             tasks.spawn(async move {
                 let first = shared.next_instance();
@@ -244,7 +282,6 @@ impl Shared {
             });
         }
         while tasks.join_next().await.is_some() {}
-        count
     }
 }
 
@@ -258,33 +295,23 @@ pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Counts of the scenarios run.
-#[derive(Debug, Default)]
-pub struct Scenarios {
-    pub charges: AtomicUsize,
-    pub bursts: AtomicUsize,
-    pub refund_races: AtomicUsize,
-}
-
-/// One customer: scenarios until `until`.
-pub async fn customer(shared: Arc<Shared>, scenarios: Arc<Scenarios>, until: Instant) {
+/// One customer of `merchant`: scenarios until `until`.
+pub async fn customer(shared: Arc<Shared>, merchant: usize, until: Instant) {
     while Instant::now() < until {
         let (roll, amount): (f64, i64) = {
             let mut rng = rand::thread_rng();
             (rng.gen(), rng.gen_range(100..100_000))
         };
-        if roll < 0.55 {
-            scenarios.charges.fetch_add(1, Ordering::Relaxed);
-            let operation = charge_operation(amount, false);
-            shared.register(&operation);
+        let operation = charge_operation(amount, merchant, (0.55..0.75).contains(&roll));
+        shared.register(&operation);
+        if operation.burst {
+            burst(&shared, &operation, until).await;
+        } else if roll < 0.55 {
             let first = shared.next_instance();
             shared.drive(&operation, first, deadline(until)).await;
-        } else if roll < 0.75 {
-            scenarios.bursts.fetch_add(1, Ordering::Relaxed);
-            burst(&shared, amount, until).await;
         } else {
-            scenarios.refund_races.fetch_add(1, Ordering::Relaxed);
-            refund_race(&shared, amount, until).await;
+            shared.refund_races.fetch_add(1, Ordering::Relaxed);
+            refund_race(&shared, &operation, until).await;
         }
     }
 }
@@ -295,9 +322,10 @@ fn deadline(until: Instant) -> Instant {
     (Instant::now() + PATIENCE).min(until)
 }
 
-fn charge_operation(amount: i64, burst: bool) -> Operation {
+fn charge_operation(amount: i64, merchant: usize, burst: bool) -> Operation {
     Operation {
         kind: Kind::Charge,
+        merchant,
         key: IdempotencyKey::new(),
         charge: NewCharge::new(amount, "USD").description("chaos"),
         refund: None,
@@ -306,11 +334,9 @@ fn charge_operation(amount: i64, burst: bool) -> Operation {
 }
 
 /// One key, sent to every instance at the same moment.
-async fn burst(shared: &Arc<Shared>, amount: i64, until: Instant) {
-    let operation = charge_operation(amount, true);
-    shared.register(&operation);
+async fn burst(shared: &Arc<Shared>, operation: &Operation, until: Instant) {
     let mut senders = JoinSet::new();
-    for instance in 0..shared.clients.len() {
+    for instance in 0..shared.instances() {
         let shared = shared.clone();
         let operation = operation.clone();
         senders.spawn(async move { shared.drive(&operation, instance, deadline(until)).await });
@@ -320,11 +346,9 @@ async fn burst(shared: &Arc<Shared>, amount: i64, until: Instant) {
 
 /// A charge, then one refund per instance, concurrently, with different
 /// keys, each of 45 % of the charge.
-async fn refund_race(shared: &Arc<Shared>, amount: i64, until: Instant) {
-    let operation = charge_operation(amount, false);
-    shared.register(&operation);
+async fn refund_race(shared: &Arc<Shared>, operation: &Operation, until: Instant) {
     let first = shared.next_instance();
-    if !shared.drive(&operation, first, deadline(until)).await {
+    if !shared.drive(operation, first, deadline(until)).await {
         return;
     }
     let charge_id = {
@@ -334,13 +358,15 @@ async fn refund_race(shared: &Arc<Shared>, amount: i64, until: Instant) {
             _ => return,
         }
     };
+    let amount = operation.charge.amount * 45 / 100;
     let mut refunds = JoinSet::new();
-    for instance in 0..shared.clients.len() {
+    for instance in 0..shared.instances() {
         let refund = Operation {
             kind: Kind::Refund,
+            merchant: operation.merchant,
             key: IdempotencyKey::new(),
             charge: operation.charge.clone(),
-            refund: Some((charge_id.clone(), NewRefund::new().amount(amount * 45 / 100))),
+            refund: Some((charge_id.clone(), NewRefund::new().amount(amount))),
             burst: false,
         };
         shared.register(&refund);
