@@ -98,7 +98,7 @@ impl DbError {
     pub fn is_ambiguous(&self) -> bool {
         match self {
             Self::Timeout(_) | Self::BatchLost => true,
-            Self::Query(error) => error.code().is_none(),
+            Self::Query(error) => error.code().is_none() || citus_worker_lost(error),
             Self::Batch(error) => error.is_ambiguous(),
             _ => false,
         }
@@ -145,16 +145,20 @@ fn transient_state(code: &SqlState) -> bool {
         || code.code().starts_with("08")
 }
 
-/// Citus lost its connection to a worker in the middle of a transaction:
-/// the coordinator reports it as an internal error (XX000), not as a
-/// connection error (08006, as it does when the worker cannot be reached
-/// at all); the transaction did not commit, and the merchants on that
-/// worker get 503 until it is back.
+/// Citus lost its connection to a worker while a statement or the
+/// transaction ran there: the coordinator reports it as an internal error
+/// (XX000) carrying libpq's message (as it does when the worker cannot be
+/// reached at all, it reports 08006). Whether the worker committed is
+/// unknown, as after a lost connection of our own: transient (the merchants
+/// on that worker get 503 until it is back) and ambiguous.
 fn citus_worker_lost(error: &tokio_postgres::Error) -> bool {
+    const LOST: [&str; 3] = [
+        "failure on connection marked as essential",
+        "server closed the connection unexpectedly",
+        "SSL SYSCALL error: EOF detected",
+    ];
     error.as_db_error().is_some_and(|e| {
-        *e.code() == SqlState::INTERNAL_ERROR
-            && e.message()
-                .starts_with("failure on connection marked as essential")
+        *e.code() == SqlState::INTERNAL_ERROR && LOST.iter().any(|lost| e.message().contains(lost))
     })
 }
 
