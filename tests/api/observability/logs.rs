@@ -244,13 +244,13 @@ async fn database_statements_run_in_spans_at_debug_level() {
     assert_eq!(lookup["fields"]["outcome"], "ok");
     assert!(lookup["fields"]["elapsed_ms"].is_number(), "{lookup}");
     assert_eq!(span(lookup, "request").unwrap()["route"], "/v1/charges");
-    // The insert, batched.
+    // The insert, through the batcher (a charge alone).
     assert!(
         statements
             .iter()
             .any(|line| span(line, "db").is_some_and(|db| db["statement"]
                 .as_str()
-                .is_some_and(|name| name == "charges::INSERT_MANY"))),
+                .is_some_and(|name| name == "charges::INSERT_OR_FIND"))),
         "{statements:#?}"
     );
 
