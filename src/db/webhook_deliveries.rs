@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
@@ -101,8 +101,8 @@ pub const CLAIM: Statement = Statement {
 /// and makes the delivery `delivered` (`$4`), `failed` (the `$6`th attempt
 /// failed) or pending again at now + `$7` ms. A lease that is no longer
 /// ours (it ran out and another dispatcher claimed the delivery) matches
-/// nothing and records nothing; otherwise `INSERT_ATTEMPT` follows in the
-/// same transaction. (`clock`: see `CLAIM`.)
+/// nothing and records nothing; `INSERT_ATTEMPT` goes with it in one
+/// transaction. (`clock`: see `CLAIM`.)
 pub const RECORD_ATTEMPT: Statement = Statement {
     sql: "UPDATE webhook_deliveries \
              SET attempts = attempts + 1, \
@@ -132,12 +132,18 @@ pub const RECORD_ATTEMPT: Statement = Statement {
     ],
 };
 
-/// The attempt `$4` (id `$3`) of the merchant `$1`'s delivery `$2`:
-/// its status code `$5`, error `$6` and duration `$7` ms.
+/// The attempt `$4` (id `$3`) of the merchant `$1`'s delivery `$2`, its
+/// status code `$5`, error `$6` and duration `$7` ms, if the delivery has
+/// counted `$4` attempts, as this transaction's `RECORD_ATTEMPT` left it:
+/// sent together with it. A dispatcher whose lease ran out finds the
+/// attempt already recorded by the one that took over (one row per
+/// number, `webhook_attempts_one_per_number`), or the count elsewhere.
 pub const INSERT_ATTEMPT: Statement = Statement {
     sql: "INSERT INTO webhook_attempts (id, merchant_id, delivery_id, attempt, status_code, \
                                         error, duration_ms) \
-          VALUES ($3, $1, $2, $4, $5, $6, $7)",
+          SELECT $3, merchant_id, id, $4, $5, $6, $7 FROM webhook_deliveries \
+           WHERE merchant_id = $1 AND id = $2 AND attempts = $4 \
+          ON CONFLICT (merchant_id, delivery_id, attempt) DO NOTHING",
     params: &[
         Type::UUID,
         Type::UUID,
@@ -319,46 +325,48 @@ pub async fn record_attempt(
     attempt: &AttemptRecord<'_>,
 ) -> Result<Option<Recorded>, DbError> {
     let merchant = delivery.merchant_id.as_uuid();
-    conn.transaction(async {
-        let Some(row) = conn
-            .query_opt(
-                &RECORD_ATTEMPT,
-                &[
-                    merchant,
-                    &delivery.id,
-                    &delivery.lease,
-                    &attempt.delivered,
-                    &attempt.status_code,
-                    &attempt.max_attempts,
-                    &super::records::lease_ms(attempt.retry_in),
-                    &attempt.error,
-                ],
-            )
-            .await?
-        else {
-            return Ok(Decision::Commit(None));
-        };
-        let recorded = Recorded {
+    let number = delivery.attempts + 1;
+    let retry_in = super::records::lease_ms(attempt.retry_in);
+    let id = crate::clock::new_v7();
+    let record: [&(dyn ToSql + Sync); 8] = [
+        merchant,
+        &delivery.id,
+        &delivery.lease,
+        &attempt.delivered,
+        &attempt.status_code,
+        &attempt.max_attempts,
+        &retry_in,
+        &attempt.error,
+    ];
+    let insert: [&(dyn ToSql + Sync); 7] = [
+        merchant,
+        &delivery.id,
+        &id,
+        &number,
+        &attempt.status_code,
+        &attempt.error,
+        &attempt.duration_ms,
+    ];
+    // The insert reads what the update counted (`Conn::prepare` says why
+    // this comes first).
+    conn.prepare(&[&RECORD_ATTEMPT, &INSERT_ATTEMPT]).await?;
+    let row = conn
+        .transaction(async {
+            let (row, _) = futures_util::try_join!(
+                conn.query_opt(&RECORD_ATTEMPT, &record),
+                conn.execute(&INSERT_ATTEMPT, &insert),
+            )?;
+            Ok(Decision::Commit(row))
+        })
+        .await?;
+    row.map(|row| {
+        Ok(Recorded {
             attempts: column(&row, "attempts")?,
             status: delivery_status(&row, "status")?,
             next_attempt_at: column(&row, "next_attempt_at")?,
-        };
-        conn.execute(
-            &INSERT_ATTEMPT,
-            &[
-                merchant,
-                &delivery.id,
-                &crate::clock::new_v7(),
-                &recorded.attempts,
-                &attempt.status_code,
-                &attempt.error,
-                &attempt.duration_ms,
-            ],
-        )
-        .await?;
-        Ok(Decision::Commit(Some(recorded)))
+        })
     })
-    .await
+    .transpose()
 }
 
 /// The deliveries of the merchant's event `event`, each with its attempts.

@@ -303,7 +303,7 @@ async fn outbox_statements_do_not_depend_on_statistics() {
         (
             "webhook_deliveries::INSERT_ATTEMPT",
             &webhook_deliveries::INSERT_ATTEMPT,
-            "Insert on webhook_attempts",
+            "webhook_deliveries_pkey",
         ),
     ];
     let mut failures = Vec::new();
