@@ -20,15 +20,14 @@
 //!
 //! Modules, by job: `bench` (one full run), `service` (the binary under
 //! test), `http` (the load client), `scenario` (what the clients send),
-//! `stats` (latencies and statuses), `cpu` (CPU shares from /proc),
-//! `database` (the bench database), `capture` (pg_stat_statements), `script`
+//! `stats` (latencies and statuses), `database` (the bench database and
+//! the WAL it writes), `capture` (pg_stat_statements), `script`
 //! (pgbench scripts), `pgbench` (running it), `report` (the Markdown report
 //! and the targets), `runs` (targets judged over several runs, `--runs N`),
 //! `sustain` (a steady share of the maximum for minutes).
 
 mod bench;
 mod capture;
-mod cpu;
 mod database;
 mod http;
 mod pgbench;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context as _, Result};
 use tokio_postgres::Client;
 
-use crate::cpu::{CpuClock, CpuShare};
+use crate::database::Wal;
 use crate::scenario::{Workload, MIX_NEW_PERCENT};
 use crate::script::{self, ServiceValues};
 use crate::stats::{per_second, weighted_mean, Latencies};
@@ -80,38 +80,40 @@ impl ScriptSet {
 /// What one measured pgbench run gave (or several rounds of one point,
 /// merged): throughput, pgbench's mean latency per script run, the
 /// percentiles and count over `stats::SLOW` of its logged transactions (a
-/// stall of the machine shows here as in the service's count), the share
-/// of all cores busy (pgbench itself included).
+/// stall of the machine shows here as in the service's count), and the WAL
+/// written (`wal.requests`: every script run, warm-up included).
 pub struct PgbenchRun {
     pub tps: f64,
     pub mean_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
     pub slow: u64,
-    pub cpu_busy: f64,
+    pub wal: Wal,
     seconds: f64,
     latencies: Latencies,
 }
 
 impl PgbenchRun {
-    fn new(tps: f64, mean_ms: f64, cpu_busy: f64, seconds: f64, latencies: Latencies) -> Self {
+    fn new(tps: f64, mean_ms: f64, wal: Wal, seconds: f64, latencies: Latencies) -> Self {
         let (p99_ms, max_ms, slow) =
             (latencies.percentile_ms(0.99), latencies.max_ms(), latencies.slow());
-        Self { tps, mean_ms, p99_ms, max_ms, slow, cpu_busy, seconds, latencies }
+        Self { tps, mean_ms, p99_ms, max_ms, slow, wal, seconds, latencies }
     }
 
     /// Adds a later round of the same point: throughput over the whole
     /// time, the mean latency weighted by transactions, the percentiles of
-    /// all transactions, the CPU weighted by time.
+    /// all transactions, the WAL.
     pub fn merge(&mut self, other: &PgbenchRun) -> Result<()> {
         let seconds = self.seconds + other.seconds;
         let (mine, theirs) = (self.tps * self.seconds, other.tps * other.seconds);
         let mut latencies = self.latencies.clone();
         latencies.merge(&other.latencies)?;
+        let mut wal = self.wal;
+        wal.add(&other.wal);
         *self = PgbenchRun::new(
             per_second(mine + theirs, seconds),
             weighted_mean(&[(self.mean_ms, mine), (other.mean_ms, theirs)]),
-            weighted_mean(&[(self.cpu_busy, self.seconds), (other.cpu_busy, other.seconds)]),
+            wal,
             seconds,
             latencies,
         );
@@ -198,7 +200,6 @@ impl Pgbench {
         workload: Workload,
         clients: usize,
         plan: &Plan,
-        service_pid: u32,
     ) -> Result<PgbenchRun> {
         let run = format!("{}-{clients}-{}", workload.name(), plan.round);
         let mut args =
@@ -206,8 +207,10 @@ impl Pgbench {
         args.extend(set.args(workload, &run));
         // -T takes whole seconds.
         let seconds = |duration: Duration| ["-T".to_owned(), duration.as_secs().max(1).to_string()];
+        let mut wal = Wal::default();
         if !plan.quick && !plan.warmup.is_zero() {
-            self.pgbench(&[args.clone(), seconds(plan.warmup).to_vec()].concat()).await?;
+            let warmup = [args.clone(), seconds(plan.warmup).to_vec()].concat();
+            wal.requests = summary(&self.pgbench(&warmup).await?)?.2;
         }
         args.extend(seconds(plan.measure));
         // One log file per pgbench thread, `<prefix>.<pid>[.<thread>]`.
@@ -216,12 +219,10 @@ impl Pgbench {
             .with_context(|| format!("creating {}", self.log_dir.display()))?;
         let prefix = self.log_dir.join(format!("{}-{run}", set.label.replace(' ', "-")));
         args.extend(["-l".to_owned(), format!("--log-prefix={}", prefix.display())]);
-        let start = CpuClock::read(service_pid)?;
-        let stdout = self.pgbench(&args).await?;
-        let cpu = CpuShare::between(&start, &CpuClock::read(service_pid)?);
-        let (tps, mean_ms) = summary(&stdout)?;
+        let (tps, mean_ms, transactions) = summary(&self.pgbench(&args).await?)?;
+        wal.requests += transactions;
         let measured = plan.measure.as_secs().max(1) as f64;
-        Ok(PgbenchRun::new(tps, mean_ms, cpu.busy, measured, logged_latencies(&self.log_dir)?))
+        Ok(PgbenchRun::new(tps, mean_ms, wal, measured, logged_latencies(&self.log_dir)?))
     }
 
     /// Runs each script a few times and checks its effect: a new charge
@@ -267,16 +268,18 @@ impl Pgbench {
     }
 }
 
-/// TPS and mean latency from pgbench's summary: `tps = 2273.1 (without
-/// initial connection time)`, `latency average = 14.0 ms`.
-fn summary(stdout: &str) -> Result<(f64, f64)> {
+/// TPS, mean latency and script runs from pgbench's summary: `tps = 2273.1
+/// (without initial connection time)`, `latency average = 14.0 ms`,
+/// `number of transactions actually processed: 22731`.
+fn summary(stdout: &str) -> Result<(f64, f64, u64)> {
     let number = |prefix: &str| -> Option<f64> {
         let line = stdout.lines().find_map(|line| line.strip_prefix(prefix))?;
-        line.split_whitespace().next()?.parse().ok()
+        line.split(|c: char| c.is_whitespace() || c == '/').next()?.parse().ok()
     };
-    match (number("tps = "), number("latency average = ")) {
-        (Some(tps), Some(mean_ms)) => Ok((tps, mean_ms)),
-        _ => bail!("no TPS or latency in pgbench's output:\n{stdout}"),
+    let runs = number("number of transactions actually processed: ");
+    match (number("tps = "), number("latency average = "), runs) {
+        (Some(tps), Some(mean_ms), Some(runs)) => Ok((tps, mean_ms, runs as u64)),
+        _ => bail!("no TPS, latency or transactions in pgbench's output:\n{stdout}"),
     }
 }
 
@@ -312,9 +315,9 @@ mod tests {
 
     #[test]
     fn the_summary_and_the_logs_of_all_threads_are_read_with_their_stalls() {
-        let stdout =
-            "latency average = 10.030 ms\ntps = 3191.2 (without initial connection time)\n";
-        assert_eq!(summary(stdout).unwrap(), (3191.2, 10.03));
+        let stdout = "number of transactions actually processed: 6383\n\
+                      latency average = 10.030 ms\ntps = 3191.2 (without initial connection time)\n";
+        assert_eq!(summary(stdout).unwrap(), (3191.2, 10.03, 6383));
         assert!(summary("nothing").is_err());
         let dir = std::env::temp_dir().join(format!("loadbench-logs-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
@@ -344,16 +347,17 @@ mod tests {
              mix: -f floor-new.sql@90 -f floor-replay.sql@10) BENCH_DATABASE"
         );
         assert_eq!(shell_quote("payload={\"a\": 1}"), "'payload={\"a\": 1}'");
-        let run = |tps: f64, mean_ms: f64, cpu: f64, micros: &[u64]| {
+        let run = |tps: f64, mean_ms: f64, bytes: f64, micros: &[u64]| {
             let mut latencies = Latencies::new().unwrap();
             micros.iter().for_each(|&us| latencies.record_us(us));
-            PgbenchRun::new(tps, mean_ms, cpu, 2.0, latencies)
+            let wal = Wal { bytes, fpi: None, requests: (tps * 2.0) as u64 };
+            PgbenchRun::new(tps, mean_ms, wal, 2.0, latencies)
         };
-        let mut point = run(1_000.0, 1.0, 30.0, &[1_000, 2_000]);
-        point.merge(&run(3_000.0, 0.2, 50.0, &[500, 150_000])).unwrap();
+        let mut point = run(1_000.0, 1.0, 4e6, &[1_000, 2_000]);
+        point.merge(&run(3_000.0, 0.2, 12e6, &[500, 150_000])).unwrap();
         // 2,000 and 6,000 transactions in 4 s; the mean weighted by them.
         assert!((point.tps - 2_000.0).abs() < 1e-9 && (point.mean_ms - 0.4).abs() < 1e-9);
-        assert!((point.cpu_busy - 40.0).abs() < 1e-9);
+        assert_eq!(point.wal.per_request(), Some(2_000.0));
         assert_eq!(point.slow, 1);
     }
 }

@@ -11,8 +11,9 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use crate::bench::FIRST_CONNECTIONS;
 use crate::capture::Capture;
-use crate::database::Machine;
+use crate::database::{Machine, Wal};
 use crate::pgbench::PgbenchRun;
 use crate::scenario::BurstCounts;
 use crate::stats::{Sample, SLOW};
@@ -57,6 +58,8 @@ impl Row {
 pub struct Report {
     pub machine: Machine,
     pub rows: Vec<Row>,
+    /// New charges right after the service started, without a warm-up.
+    pub first: Sample,
     pub bursts: BurstCounts,
     pub peak_rss: u64,
     pub capture: Capture,
@@ -106,9 +109,20 @@ const NEW_MIN_OF_FLOOR: f64 = 0.8;
 const REPLAY_MIN_OF_FLOOR: f64 = 1.0;
 const P99_NEW_MAX_MS: f64 = 15.0;
 const PEAK_RSS_MAX_MB: f64 = 64.0;
+const WAL_NEW_MAX_OF_FLOOR: f64 = 1.5;
 
 fn number(value: Option<f64>, decimals: usize) -> String {
     value.map_or_else(|| "—".to_owned(), |v| format!("{v:.decimals$}"))
+}
+
+/// The service's WAL per request over the floor's per script run.
+fn wal_ratio(row: &Row) -> Option<f64> {
+    let floor = row.floor.as_ref().and_then(|run| run.wal.per_request());
+    row.sample.wal.per_request().zip(floor.filter(|f| *f > 0.0)).map(|(s, f)| s / f)
+}
+
+fn percent(share: Option<f64>) -> String {
+    share.map_or_else(|| "—".to_owned(), |s| format!("{:.0} %", 100.0 * s))
 }
 
 impl Report {
@@ -133,9 +147,19 @@ impl Report {
             targets.push(Target::on_number(name, measured, ratio, Bound::AtLeast(min)));
         }
 
+        let new_32 = self.row("new", TARGET_CONNECTIONS);
+        let wal = new_32.and_then(wal_ratio);
+        targets.push(Target::on_number(
+            format!(
+                "WAL per new charge ≤ {WAL_NEW_MAX_OF_FLOOR:.1} × floor at {TARGET_CONNECTIONS}"
+            ),
+            number(wal, 2),
+            wal,
+            Bound::AtMost(WAL_NEW_MAX_OF_FLOOR),
+        ));
+
         // The floor's own p99 at the same count says what this machine can
         // do at all.
-        let new_32 = self.row("new", TARGET_CONNECTIONS);
         let p99 = new_32.map(|row| row.sample.tally.percentile_ms(0.99));
         let floor_p99 = new_32.and_then(|row| row.floor.as_ref()).map(|run| run.p99_ms);
         let measured = p99.map_or("not measured".to_owned(), |p| match floor_p99 {
@@ -283,25 +307,29 @@ impl Report {
         }
 
         md.push_str(
-            "\nWhere the CPU went, in % of all cores' time during the measured seconds \
-             (from /proc; \"rest\" is PostgreSQL, the kernel and anything else):\n\n\
-             | scenario | connections | service run: busy | service | load generator \
-             | rest | own SQL run: busy | floor run: busy |\n\
+            "\nWAL per request (or pgbench script run), from the WAL position before and \
+             after each side's rounds: warm-up included, each from a CHECKPOINT (so every \
+             page's first change is written whole), the service's once its webhook \
+             dispatcher has fanned out the events; FPI: the share of the record bytes that \
+             are full-page images (pg_walinspect):\n\n\
+             | scenario | connections | service bytes | service FPI | own SQL bytes \
+             | floor bytes | floor FPI | service ÷ floor |\n\
              |---|---:|---:|---:|---:|---:|---:|---:|\n",
         );
-        for row in &self.rows {
-            let Some(cpu) = row.sample.cpu else { continue };
+        for row in self.rows.iter().filter(|row| row.floor.is_some()) {
+            let wal = |wal: Option<&Wal>| wal.and_then(Wal::per_request);
+            let (own, floor) = (row.own.as_ref(), row.floor.as_ref());
             let _ = writeln!(
                 md,
-                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 row.scenario,
                 row.connections,
-                cpu.busy,
-                cpu.service,
-                cpu.generator,
-                cpu.rest(),
-                number(row.own.as_ref().map(|run| run.cpu_busy), 0),
-                number(row.floor.as_ref().map(|run| run.cpu_busy), 0),
+                number(wal(Some(&row.sample.wal)), 0),
+                percent(row.sample.wal.fpi_share()),
+                number(wal(own.map(|run| &run.wal)), 0),
+                number(wal(floor.map(|run| &run.wal)), 0),
+                percent(floor.and_then(|run| run.wal.fpi_share())),
+                number(wal_ratio(row), 2),
             );
         }
 
@@ -323,6 +351,21 @@ impl Report {
                 "| round trips per {flow} ({requests} sequential requests) | {trips:.2} |"
             );
         }
+        let (first, later) = (&self.first.tally, self.row("new", FIRST_CONNECTIONS));
+        let _ = writeln!(
+            md,
+            "| first round after a start (new charges at {FIRST_CONNECTIONS}, {:.0} s, no \
+             warm-up) | {:.0} req/s, p99 {:.2} ms, max {:.2} ms (all its rounds later: {}) |",
+            self.first.seconds,
+            self.first.rps(),
+            first.percentile_ms(0.99),
+            first.latencies.max_ms(),
+            later.map_or("—".to_owned(), |row| format!(
+                "{:.0} req/s, p99 {:.2} ms",
+                row.sample.rps(),
+                row.sample.tally.percentile_ms(0.99)
+            )),
+        );
         let ms = |d: Option<&Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1000.0);
         let _ = writeln!(
             md,
@@ -363,7 +406,11 @@ mod tests {
         let row = |ratios: &[f64]| Row {
             scenario: "replay".to_owned(),
             connections: 1,
-            sample: Sample { tally: crate::stats::Tally::new().unwrap(), seconds: 0.0, cpu: None },
+            sample: Sample {
+                tally: crate::stats::Tally::new().unwrap(),
+                seconds: 0.0,
+                wal: Wal::default(),
+            },
             own: None,
             floor: None,
             floor_ratio_by_round: ratios.to_vec(),

@@ -12,8 +12,9 @@
 //!
 //! Every second: the answers that finished in it (2xx, other statuses, no
 //! answer at all), their slowest latency and the service's resident memory.
-//! Every minute: a full latency histogram. Like the benchmark, this
-//! measures and reports; it fails only when it cannot run.
+//! Every minute: a full latency histogram. Over the run: the WAL per request
+//! and PostgreSQL's checkpoints. Like the benchmark, this measures and
+//! reports; it fails only when it cannot run.
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
@@ -23,6 +24,7 @@ use anyhow::{Context as _, Result};
 use chargeonce_testkit::memory_bytes;
 use futures_util::future::join_all;
 
+use crate::database::{BenchDatabase, Wal};
 use crate::http::{Api, Http};
 use crate::scenario::{closed_loop, Keys, Workload};
 use crate::stats::Latencies;
@@ -58,18 +60,29 @@ pub struct Sustained {
     pub seconds: Vec<Second>,
     /// Per minute (the last one may be shorter).
     pub minutes: Vec<Latencies>,
+    pub wal: Wal,
+    /// Checkpoints started by time and requested (by WAL volume mostly).
+    pub checkpoints: Option<(i64, i64)>,
+}
+
+/// Checkpoints so far, timed and requested; None where the server does not
+/// count them in pg_stat_bgwriter (PostgreSQL 17 moved them).
+async fn checkpoints(db: &BenchDatabase) -> Option<(i64, i64)> {
+    let sql = "SELECT checkpoints_timed, checkpoints_req FROM pg_stat_bgwriter";
+    db.client.query_one(sql, &[]).await.ok().map(|row| (row.get(0), row.get(1)))
 }
 
 /// Measures the maximum, then holds `percent` of it for `length`.
 pub async fn run(
     api: &Api,
+    db: &BenchDatabase,
     plan: &Plan,
     pid: u32,
     length: Duration,
     percent: u32,
 ) -> Result<Sustained> {
     say(format!("measuring the maximum throughput of the mix at {MAX_CONNECTIONS} connections"));
-    let max = closed_loop(api, Workload::Mix, MAX_CONNECTIONS, plan, pid).await?;
+    let max = closed_loop(api, Workload::Mix, MAX_CONNECTIONS, plan).await?;
     max.tally.require_success("the maximum-throughput measurement")?;
     let max_rps = max.rps();
     let target_rps = max_rps * f64::from(percent) / 100.0;
@@ -146,11 +159,17 @@ pub async fn run(
         }
         anyhow::Ok(())
     };
+    let (mark, checkpoints_before) = (db.wal_mark().await?, checkpoints(db).await);
     let (results, sampled) = tokio::join!(join_all(clients), sampler);
     sampled?;
     results.into_iter().collect::<Result<Vec<()>>>()?;
     let (seconds, minutes) = (seconds.into_inner(), minutes.into_inner());
-    Ok(Sustained { max_rps, percent, target_rps, seconds, minutes })
+    let answers = seconds.iter().map(Second::answers).sum();
+    let wal = db.wal_since(&mark, answers).await?;
+    let checkpoints = checkpoints(db).await.zip(checkpoints_before);
+    let checkpoints =
+        checkpoints.map(|((timed, req), (timed0, req0))| (timed - timed0, req - req0));
+    Ok(Sustained { max_rps, percent, target_rps, seconds, minutes, wal, checkpoints })
 }
 
 fn mb(bytes: u64) -> f64 {
@@ -229,12 +248,17 @@ impl Sustained {
             "\n- Throughput: {achieved:.0} answers/s on average, {:.1} % of the offered rate.\n\
              - Errors: {bad} of {total} requests not 2xx or unanswered ({:.4} %).\n\
              - Resident memory: {second_minute}{:.1} MB in the last minute, {:.1} MB over the \
-             run; slope after the first minute {:+.3} MB per minute.\n",
+             run; slope after the first minute {:+.3} MB per minute.\n\
+             - WAL: {:.0} bytes per request ({:.0} MB a minute); checkpoints (timed, \
+             requested): {}.\n",
             100.0 * achieved / self.target_rps,
             100.0 * bad as f64 / total.max(1) as f64,
             peak(last.saturating_sub(60), last),
             peak(0, last),
-            slope(&settled)
+            slope(&settled),
+            self.wal.per_request().unwrap_or(f64::NAN),
+            self.wal.bytes / 1e6 / (last.max(1) as f64 / 60.0),
+            self.checkpoints.map_or("—".to_owned(), |(timed, req)| format!("{timed}, {req}")),
         );
         text
     }
@@ -274,12 +298,15 @@ mod tests {
         let mut minute = Latencies::new().unwrap();
         minute.record_us(1_000);
         let minutes = vec![minute.clone(), minute];
-        let run = Sustained { max_rps: 125.0, percent: 80, target_rps: 100.0, seconds, minutes };
+        let wal = Wal { bytes: 48e6, fpi: None, requests: 12_000 };
+        let (max_rps, percent, target_rps, checkpoints) = (125.0, 80, 100.0, Some((0, 2)));
+        let run = Sustained { max_rps, percent, target_rps, seconds, minutes, wal, checkpoints };
         let report = run.markdown("scripts/bench --sustain 120");
         assert!(report.contains("| 2 | 100 | 2 | 0 |"), "{report}");
         assert!(report.contains("2 of 12000 requests"), "{report}");
         assert!(report.contains("100.0 % of the offered rate"), "{report}");
         assert!(report.contains("41.0 MB in minute 2"), "{report}");
+        assert!(report.contains("4000 bytes per request (24 MB a minute)"), "{report}");
         assert_eq!(run.csv().lines().count(), 121);
     }
 }
