@@ -12,8 +12,9 @@
 //!
 //! Every second: the answers that finished in it (2xx, other statuses, no
 //! answer at all), their slowest latency and the service's resident memory.
-//! Every minute: a full latency histogram. Over the run: the WAL per request
-//! and PostgreSQL's checkpoints. Like the benchmark, this measures and
+//! Every minute: a full latency histogram. Over the run: the WAL per
+//! request (the server's log, with PostgreSQL's default `log_checkpoints`,
+//! says when checkpoints ran and why). Like the benchmark, this measures and
 //! reports; it fails only when it cannot run.
 
 use std::cell::RefCell;
@@ -61,15 +62,6 @@ pub struct Sustained {
     /// Per minute (the last one may be shorter).
     pub minutes: Vec<Latencies>,
     pub wal: Wal,
-    /// Checkpoints started by time and requested (by WAL volume mostly).
-    pub checkpoints: Option<(i64, i64)>,
-}
-
-/// Checkpoints so far, timed and requested; None where the server does not
-/// count them in pg_stat_bgwriter (PostgreSQL 17 moved them).
-async fn checkpoints(db: &BenchDatabase) -> Option<(i64, i64)> {
-    let sql = "SELECT checkpoints_timed, checkpoints_req FROM pg_stat_bgwriter";
-    db.client.query_one(sql, &[]).await.ok().map(|row| (row.get(0), row.get(1)))
 }
 
 /// Measures the maximum, then holds `percent` of it for `length`.
@@ -159,17 +151,14 @@ pub async fn run(
         }
         anyhow::Ok(())
     };
-    let (mark, checkpoints_before) = (db.wal_mark().await?, checkpoints(db).await);
+    let mark = db.wal_mark().await?;
     let (results, sampled) = tokio::join!(join_all(clients), sampler);
     sampled?;
     results.into_iter().collect::<Result<Vec<()>>>()?;
     let (seconds, minutes) = (seconds.into_inner(), minutes.into_inner());
     let answers = seconds.iter().map(Second::answers).sum();
     let wal = db.wal_since(&mark, answers).await?;
-    let checkpoints = checkpoints(db).await.zip(checkpoints_before);
-    let checkpoints =
-        checkpoints.map(|((timed, req), (timed0, req0))| (timed - timed0, req - req0));
-    Ok(Sustained { max_rps, percent, target_rps, seconds, minutes, wal, checkpoints })
+    Ok(Sustained { max_rps, percent, target_rps, seconds, minutes, wal })
 }
 
 fn mb(bytes: u64) -> f64 {
@@ -249,8 +238,7 @@ impl Sustained {
              - Errors: {bad} of {total} requests not 2xx or unanswered ({:.4} %).\n\
              - Resident memory: {second_minute}{:.1} MB in the last minute, {:.1} MB over the \
              run; slope after the first minute {:+.3} MB per minute.\n\
-             - WAL: {:.0} bytes per request ({:.0} MB a minute); checkpoints (timed, \
-             requested): {}.\n",
+             - WAL: {:.0} bytes per request ({:.0} MB a minute).\n",
             100.0 * achieved / self.target_rps,
             100.0 * bad as f64 / total.max(1) as f64,
             peak(last.saturating_sub(60), last),
@@ -258,7 +246,6 @@ impl Sustained {
             slope(&settled),
             self.wal.per_request().unwrap_or(f64::NAN),
             self.wal.bytes / 1e6 / (last.max(1) as f64 / 60.0),
-            self.checkpoints.map_or("—".to_owned(), |(timed, req)| format!("{timed}, {req}")),
         );
         text
     }
@@ -299,8 +286,8 @@ mod tests {
         minute.record_us(1_000);
         let minutes = vec![minute.clone(), minute];
         let wal = Wal { bytes: 48e6, fpi: None, requests: 12_000 };
-        let (max_rps, percent, target_rps, checkpoints) = (125.0, 80, 100.0, Some((0, 2)));
-        let run = Sustained { max_rps, percent, target_rps, seconds, minutes, wal, checkpoints };
+        let run =
+            Sustained { max_rps: 125.0, percent: 80, target_rps: 100.0, seconds, minutes, wal };
         let report = run.markdown("scripts/bench --sustain 120");
         assert!(report.contains("| 2 | 100 | 2 | 0 |"), "{report}");
         assert!(report.contains("2 of 12000 requests"), "{report}");
