@@ -10,8 +10,6 @@
 //! the statement's text instead of comparing against the wrong SQL. The
 //! capture also gives the round trips per request, background included.
 
-use std::fmt::Write as _;
-use std::path::Path;
 use std::sync::LazyLock;
 
 use anyhow::{bail, Context as _, Result};
@@ -27,9 +25,8 @@ use crate::service::ServiceBinary;
 /// request path; rarer ones (a cached lookup, the background workers) are
 /// only counted as round trips.
 const PER_REQUEST: f64 = 0.5;
-/// The webhook dispatcher fans out each event alone when requests come one
-/// at a time, about once per request; it does the same for the own-SQL
-/// script's events, so it is not part of that script.
+/// The webhook dispatcher's, once per request when they come one at a time;
+/// it fans out the own-SQL script's events too, so not part of that script.
 const BACKGROUND: &[&str] = &["events::FAN_OUT"];
 
 /// One statement as pg_stat_statements recorded it, and the name of the
@@ -104,18 +101,6 @@ impl Captured {
             );
         }
         Ok(())
-    }
-
-    pub fn write(&self, path: &Path, what: &str) -> Result<()> {
-        let mut text = format!(
-            "-- pg_stat_statements after {} {what} (calls, the constant, the normalised text)\n",
-            self.requests
-        );
-        for seen in &self.statements {
-            let constant = seen.constant.unwrap_or("unknown");
-            let _ = writeln!(text, "\n-- {} calls, {constant}\n{};", seen.calls, seen.text);
-        }
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
     }
 }
 

@@ -80,16 +80,9 @@ impl BenchDatabase {
 
     pub async fn machine(&self) -> Result<Machine> {
         let mut settings = Vec::new();
-        for name in [
-            "server_version",
-            "fsync",
-            "synchronous_commit",
-            "shared_buffers",
-            "max_connections",
-            "max_wal_size",
-            "checkpoint_timeout",
-            "wal_compression",
-        ] {
+        let names = "server_version fsync synchronous_commit shared_buffers max_connections \
+                     max_wal_size checkpoint_timeout wal_compression";
+        for name in names.split_whitespace() {
             let row = self.client.query_one(&format!("SHOW {name}"), &[]).await.context("SHOW")?;
             settings.push(format!("{name}={}", row.get::<_, String>(0)));
         }
@@ -110,23 +103,22 @@ impl BenchDatabase {
         Ok(row.context("pg_current_wal_flush_lsn()")?.get(0))
     }
 
-    /// The WAL written since `mark`, for `requests` requests. Bytes from the
-    /// LSNs, exact whenever backends report their statistics; the cluster's
-    /// WAL, so anything else writing on the server counts too.
+    /// The WAL written since `mark`, for `requests` requests: the cluster's,
+    /// from the LSNs (pg_stat_wal lags by what idle backends have not
+    /// reported yet).
     pub async fn wal_since(&self, mark: &str, requests: u64) -> Result<Wal> {
         let (lsn, db) = ("$1::text::pg_lsn", &self.client);
         let sql = format!("SELECT pg_wal_lsn_diff(pg_current_wal_flush_lsn(), {lsn})::float8");
         let bytes: f64 = db.query_one(&sql, &[&mark]).await.context("WAL bytes")?.get(0);
-        let mut fpi = None;
-        if self.walinspect && bytes > 0.0 {
-            let sql = format!(
-                "SELECT coalesce(sum(fpi_size), 0)::float8, coalesce(sum(combined_size), 0)::float8 \
-                   FROM pg_get_wal_stats({lsn}, pg_current_wal_flush_lsn())"
-            );
-            // Fails once checkpoints have removed the segments (long runs).
-            let row = db.query_one(&sql, &[&mark]).await;
-            fpi = row.ok().map(|row| (row.get(0), row.get(1)));
-        }
+        let sql = format!(
+            "SELECT sum(fpi_size)::float8, sum(combined_size)::float8 \
+               FROM pg_get_wal_stats({lsn}, pg_current_wal_flush_lsn())"
+        );
+        // It fails once checkpoints have removed the segments (long runs).
+        let fpi = match self.walinspect && bytes > 0.0 {
+            true => db.query_one(&sql, &[&mark]).await.ok().map(|row| (row.get(0), row.get(1))),
+            false => None,
+        };
         Ok(Wal { bytes, fpi, requests })
     }
 }
@@ -170,13 +162,11 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(180);
 pub struct Checkpointer<'a> {
     database: &'a BenchDatabase,
     warned: Cell<bool>,
-    /// The longest wait for the outbox so far.
-    pub longest_settle: Cell<Duration>,
 }
 
 impl<'a> Checkpointer<'a> {
     pub fn new(database: &'a BenchDatabase) -> Self {
-        Self { database, warned: Cell::new(false), longest_settle: Cell::new(Duration::ZERO) }
+        Self { database, warned: Cell::new(false) }
     }
 
     /// Waits for the outbox to empty, then checkpoints; where the WAL ends
@@ -219,7 +209,6 @@ impl<'a> Checkpointer<'a> {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        self.longest_settle.set(self.longest_settle.get().max(started.elapsed()));
         Ok(())
     }
 }

@@ -11,7 +11,6 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::bench::FIRST_CONNECTIONS;
 use crate::capture::Capture;
 use crate::database::{Machine, Wal};
 use crate::pgbench::PgbenchRun;
@@ -58,17 +57,10 @@ impl Row {
 pub struct Report {
     pub machine: Machine,
     pub rows: Vec<Row>,
-    /// New charges right after the service started, without a warm-up.
-    pub first: Sample,
     pub bursts: BurstCounts,
     pub peak_rss: u64,
     pub capture: Capture,
     pub ready: Vec<Duration>,
-    /// The longest wait, before a run, for the webhook dispatcher to fan out
-    /// what the previous runs left (`database::Checkpointer`).
-    pub longest_settle: Duration,
-    /// The pgbench commands, own SQL then floor.
-    pub commands: Vec<String>,
 }
 
 /// One target and whether it was met (None: not measured in this run);
@@ -121,10 +113,6 @@ fn wal_ratio(row: &Row) -> Option<f64> {
     row.sample.wal.per_request().zip(floor.filter(|f| *f > 0.0)).map(|(s, f)| s / f)
 }
 
-fn percent(share: Option<f64>) -> String {
-    share.map_or_else(|| "—".to_owned(), |s| format!("{:.0} %", 100.0 * s))
-}
-
 impl Report {
     fn row(&self, scenario: &str, connections: usize) -> Option<&Row> {
         self.rows.iter().find(|row| row.scenario == scenario && row.connections == connections)
@@ -171,8 +159,9 @@ impl Report {
 
         // The floor's own count at the same scenario tells a stall of the
         // machine (every client of the floor waits too) from one of ours.
-        let at_32: Vec<&Row> =
-            self.rows.iter().filter(|r| r.connections == TARGET_CONNECTIONS).collect();
+        let at_32: Vec<&Row> = (self.rows.iter())
+            .filter(|r| r.connections == TARGET_CONNECTIONS && r.floor.is_some())
+            .collect();
         let slow: Vec<String> = (at_32.iter())
             .map(|row| {
                 let floor = row
@@ -230,8 +219,8 @@ impl Report {
              Machine: {} cores (nproc), {}; PostgreSQL {} ({}). Service: release build, \
              default configuration, simulated processor with 0 ms latency. Load generator: \
              one thread, one keep-alive HTTP/1.1 connection per client. Each point: \
-             {:.1} s warm-up, then {:.0} s measured; then pgbench with the service's own SQL, \
-             then pgbench with the floor, likewise, at the same client count.{rounds}\n",
+             {:.1} s warm-up, then {:.0} s measured; then pgbench (`-n -M prepared -c C -j 2`, \
+             the scripts beside this report) with the service's own SQL, then with the floor, likewise, at the same client count.{rounds}\n",
             m.cores,
             m.cpu,
             m.postgres,
@@ -240,10 +229,6 @@ impl Report {
             plan.measure.as_secs_f64(),
         );
         self.tables(&mut md);
-        md.push_str("\npgbench:\n\n");
-        for command in &self.commands {
-            let _ = writeln!(md, "- `{command}`");
-        }
         md.push_str("\nTargets:\n\n| target | measured | result |\n|---|---|---|\n");
         for target in self.targets() {
             let result = target.met.map_or("—", |met| if met { "PASS" } else { "MISS" });
@@ -256,16 +241,16 @@ impl Report {
         let _ = writeln!(
             md,
             "| scenario | connections | requests/s | p50 ms | p99 ms | p99.9 ms | max ms \
-             | over {} ms | non-2xx | own SQL TPS | floor TPS | service ÷ own SQL \
+             | over {} ms | non-2xx | own SQL TPS | floor TPS | floor p99 ms | service ÷ own SQL \
              | service ÷ floor |\n\
-             |---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+             |---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
             SLOW.as_millis()
         );
         for row in &self.rows {
             let (tally, own, floor) = (&row.sample.tally, row.own.as_ref(), row.floor.as_ref());
             let _ = writeln!(
                 md,
-                "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} |",
                 row.scenario,
                 row.connections,
                 row.sample.rps(),
@@ -277,43 +262,17 @@ impl Report {
                 tally.non_2xx_text(),
                 number(own.map(|run| run.tps), 0),
                 number(floor.map(|run| run.tps), 0),
+                number(floor.map(|run| run.p99_ms), 2),
                 number(ratio(&row.sample, own), 2),
                 row.floor_ratio_text(),
             );
         }
 
         md.push_str(
-            "\npgbench latencies per script run (a charge or a replay), from its summary \
-             (mean) and its per-transaction log (the rest). The floor's slowest \
-             transactions show the machine's own stalls:\n\n\
-             | scenario | connections | own SQL mean ms | own SQL p99 ms | floor mean ms \
-             | floor p99 ms | floor max ms | floor over 100 ms |\n\
-             |---|---:|---:|---:|---:|---:|---:|---:|\n",
-        );
-        for row in self.rows.iter().filter(|row| row.own.is_some()) {
-            let (own, floor) = (row.own.as_ref(), row.floor.as_ref());
-            let _ = writeln!(
-                md,
-                "| {} | {} | {} | {} | {} | {} | {} | {} |",
-                row.scenario,
-                row.connections,
-                number(own.map(|run| run.mean_ms), 2),
-                number(own.map(|run| run.p99_ms), 2),
-                number(floor.map(|run| run.mean_ms), 2),
-                number(floor.map(|run| run.p99_ms), 2),
-                number(floor.map(|run| run.max_ms), 2),
-                floor.map_or("—".to_owned(), |run| run.slow.to_string()),
-            );
-        }
-
-        md.push_str(
-            "\nWAL per request (or pgbench script run), from the WAL position before and \
-             after each side's rounds: warm-up included, each from a CHECKPOINT (so every \
-             page's first change is written whole), the service's once its webhook \
-             dispatcher has fanned out the events; FPI: the share of the record bytes that \
-             are full-page images (pg_walinspect):\n\n\
-             | scenario | connections | service bytes | service FPI | own SQL bytes \
-             | floor bytes | floor FPI | service ÷ floor |\n\
+            "\nWAL per request or script run, warm-ups and the fan-out of events included, \
+             each side from a CHECKPOINT (BENCHMARKS.md); FPI: full-page images' share:\n\n\
+             | scenario | connections | service bytes | service FPI % | own SQL bytes \
+             | floor bytes | floor FPI % | service ÷ floor |\n\
              |---|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for row in self.rows.iter().filter(|row| row.floor.is_some()) {
@@ -325,10 +284,10 @@ impl Report {
                 row.scenario,
                 row.connections,
                 number(wal(Some(&row.sample.wal)), 0),
-                percent(row.sample.wal.fpi_share()),
+                number(row.sample.wal.fpi_share().map(|s| 100.0 * s), 0),
                 number(wal(own.map(|run| &run.wal)), 0),
                 number(wal(floor.map(|run| &run.wal)), 0),
-                percent(floor.and_then(|run| run.wal.fpi_share())),
+                number(floor.and_then(|run| run.wal.fpi_share()).map(|s| 100.0 * s), 0),
                 number(wal_ratio(row), 2),
             );
         }
@@ -351,30 +310,13 @@ impl Report {
                 "| round trips per {flow} ({requests} sequential requests) | {trips:.2} |"
             );
         }
-        let (first, later) = (&self.first.tally, self.row("new", FIRST_CONNECTIONS));
-        let _ = writeln!(
-            md,
-            "| first round after a start (new charges at {FIRST_CONNECTIONS}, {:.0} s, no \
-             warm-up) | {:.0} req/s, p99 {:.2} ms, max {:.2} ms (all its rounds later: {}) |",
-            self.first.seconds,
-            self.first.rps(),
-            first.percentile_ms(0.99),
-            first.latencies.max_ms(),
-            later.map_or("—".to_owned(), |row| format!(
-                "{:.0} req/s, p99 {:.2} ms",
-                row.sample.rps(),
-                row.sample.tally.percentile_ms(0.99)
-            )),
-        );
         let ms = |d: Option<&Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1000.0);
         let _ = writeln!(
             md,
-            "| start-to-ready ({} starts, spawn to GET /readyz 200) | median {:.0} ms, max {:.0} ms |\n\
-             | longest wait before a run for the webhook dispatcher to fan out the events of the runs before | {:.1} s |",
+            "| start-to-ready ({} starts, spawn to GET /readyz 200) | median {:.0} ms, max {:.0} ms |",
             self.ready.len(),
             ms(self.ready.get(self.ready.len() / 2)),
             ms(self.ready.iter().max()),
-            self.longest_settle.as_secs_f64()
         );
 
         md.push_str(

@@ -151,12 +151,6 @@ pub fn per_second(count: f64, seconds: f64) -> f64 {
     }
 }
 
-/// The mean of `values` weighted by `weights`, 0 when they weigh nothing.
-pub fn weighted_mean(values: &[(f64, f64)]) -> f64 {
-    let total: f64 = values.iter().map(|(_, weight)| weight).sum();
-    per_second(values.iter().map(|(value, weight)| value * weight).sum(), total)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
