@@ -6,8 +6,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use actix_web::body::BoxBody;
-use actix_web::dev::{Server, ServerHandle, ServiceFactory, ServiceRequest, ServiceResponse};
+use actix_web::dev::{
+    Server, ServerHandle, Service, ServiceFactory, ServiceRequest, ServiceResponse,
+};
 use actix_web::{web, App};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -71,6 +74,49 @@ fn worker_database(
         tracing::error!(%error, "cannot build a worker's pool; sharing the background pool");
         fallback.clone()
     })
+}
+
+/// Opens every connection of a worker's pool and prepares each of the
+/// service's statements on it, so that the first requests after a start do
+/// not pay for connecting, a new backend's catalog caches and a round trip
+/// per statement. A task on the worker's own runtime (the connections'
+/// driving tasks belong there; the worker starts serving meanwhile); it
+/// counts itself warm in `warm` whatever happened: a database that does not
+/// answer yet leaves the connections to open on demand, as without it.
+async fn warm_up(db: Database, connections: usize, prepare: bool, warm: watch::Sender<usize>) {
+    use futures_util::future::join_all;
+    let clients = join_all((0..connections).map(|_| db.pool().get())).await;
+    let opened: Vec<_> = clients.into_iter().filter_map(Result::ok).collect();
+    // Every statement on every connection at once: pipelined per connection.
+    let mut prepares = Vec::new();
+    for client in opened.iter().filter(|_| prepare) {
+        for (_, statement) in db::ALL_STATEMENTS {
+            prepares.push(client.prepare_typed_cached(statement.sql, statement.params));
+        }
+    }
+    let failed = join_all(prepares)
+        .await
+        .iter()
+        .filter(|prepared| prepared.is_err())
+        .count();
+    if opened.len() < connections || failed > 0 {
+        tracing::warn!(
+            opened = opened.len(),
+            connections,
+            failed,
+            "warming up a worker's pool: connections left to open on demand"
+        );
+    }
+    drop(opened);
+    warm.send_modify(|workers| *workers += 1);
+}
+
+/// Holds `GET /readyz` until every worker's pool is warm (`warm_up`), at
+/// most as long as the readiness check waits for the database; then that
+/// check answers.
+async fn when_warm(mut warm: watch::Receiver<usize>, workers: usize) {
+    let bound = std::time::Duration::from_secs(1);
+    let _ = tokio::time::timeout(bound, warm.wait_for(|warm| *warm >= workers)).await;
 }
 
 /// A listener on `host:port`, and that address (for messages).
@@ -140,6 +186,9 @@ struct ApiFactory {
     exporter: Option<web::Data<Exporter>>,
     served: http::routes::Served,
     next_worker: Arc<AtomicUsize>,
+    /// How many workers have warmed their pool (`warm_up`), of `workers`.
+    warm: watch::Sender<usize>,
+    workers: usize,
 }
 
 impl ApiFactory {
@@ -173,6 +222,8 @@ impl ApiFactory {
             exporter,
             served,
             next_worker: Arc::new(AtomicUsize::new(0)),
+            warm: watch::Sender::new(0),
+            workers,
         })
     }
 
@@ -189,6 +240,9 @@ impl ApiFactory {
         >,
     > {
         let db = worker_database(&self.database, self.worker_connections, &self.background_db);
+        let (connections, prepare) = (self.worker_connections, self.database.prepared_statements);
+        actix_web::rt::spawn(warm_up(db.clone(), connections, prepare, self.warm.clone()));
+        let (warm, workers) = (self.warm.clone(), self.workers);
         if let Some(exporter) = &self.exporter {
             let worker = self.next_worker.fetch_add(1, Ordering::Relaxed);
             let name = format!("worker-{worker}");
@@ -207,6 +261,16 @@ impl ApiFactory {
             .app_data(self.document.clone())
             .app_data(self.demo_page.clone())
             .wrap_fn(http::observe)
+            .wrap_fn(move |request, service| {
+                let warming = (request.path() == "/readyz").then(|| warm.subscribe());
+                let call = service.call(request);
+                async move {
+                    if let Some(warm) = warming {
+                        when_warm(warm, workers).await;
+                    }
+                    call.await
+                }
+            })
             .configure(|cfg| {
                 if let Some(exporter) = api_exporter {
                     cfg.app_data(exporter);

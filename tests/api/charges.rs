@@ -356,6 +356,48 @@ async fn health_readiness_and_unknown_routes() {
     assert_eq!(delete.status(), 405);
 }
 
+/// By the time `/readyz` first answers 200, every connection of the worker
+/// pools is open and has prepared the service's statements (the start-up's
+/// warm-up), so the first requests pay for neither. A backend's last
+/// statement (`pg_stat_activity.query`, cut to 1 KB) shows what it prepared.
+#[tokio::test]
+async fn readiness_comes_once_the_worker_pools_are_open_and_prepared() {
+    // Far more than the few connections the background workers and the
+    // readiness check open by themselves.
+    const POOL_SIZE: usize = 10;
+    let mut prepared_statements = true;
+    let app = spawn_app_with(|settings| {
+        settings.database.pool_size = POOL_SIZE;
+        prepared_statements = settings.database.prepared_statements;
+    })
+    .await;
+    let ready = app.get("/readyz").await;
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    if !prepared_statements {
+        // Through PgBouncer (transaction pooling) nothing is prepared, and
+        // the backends are PgBouncer's.
+        return;
+    }
+    let rows = app
+        .sql()
+        .await
+        .query(
+            "SELECT query FROM pg_stat_activity \
+              WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap();
+    let statements = chargeonce::db::ALL_STATEMENTS;
+    let prepared = (rows.iter().map(|row| row.get::<_, String>(0)))
+        .filter(|last| !last.is_empty() && statements.iter().any(|s| s.1.sql.starts_with(last)))
+        .count();
+    assert!(
+        prepared >= POOL_SIZE,
+        "{prepared} backends prepared the statements"
+    );
+}
+
 /// `/readyz` is 200 only while the database carries every migration this
 /// binary knows: a database one migration behind, or never migrated, is
 /// 503, so a load balancer keeps traffic away until `chargeonce migrate`.

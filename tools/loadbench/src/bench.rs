@@ -10,7 +10,7 @@ use anyhow::{ensure, Context as _, Result};
 use chargeonce_testkit::Spawned;
 
 use crate::capture::{self, Capture};
-use crate::database::{BenchDatabase, Checkpointer};
+use crate::database::{BenchDatabase, Checkpointer, Wal};
 use crate::http::Api;
 use crate::pgbench::{Pgbench, PgbenchRun};
 use crate::report::{ratio, Report, Row};
@@ -22,6 +22,8 @@ use crate::{say, script, Plan};
 
 /// Sequential requests whose statements are counted, per flow.
 const CAPTURE_REQUESTS: usize = 500;
+/// Clients of the first round after the service's start.
+const FIRST_CONNECTIONS: usize = 32;
 /// Connections that create the charges replays are drawn from.
 const POOL_FILL_CONNECTIONS: usize = 32;
 
@@ -93,14 +95,18 @@ pub async fn sustain(
     plan: &Plan,
     binary: &ServiceBinary,
     database: &BenchDatabase,
-    length: Duration,
-    percent: u32,
+    (length, percent): (Duration, u32),
+    out_dir: &Path,
 ) -> Result<Sustained> {
     let api_key = migrate_and_create_merchant(binary, database).await?;
     let mut service = Service::start(binary, database).await;
     let api = Api::new(service.process.port, &api_key)?;
+    database.create_floor(plan.pool_size).await?;
     fill_replay_pool(plan, &api, &mut service, database).await?;
-    let run = sustain::run(&api, plan, service.process.pid(), length, percent).await;
+    let values = script::ServiceValues::read(&database.client).await?;
+    let pgbench = Pgbench::write_scripts(database.url.clone(), &values, plan, out_dir)?;
+    let (pid, with) = (service.process.pid(), (&api, database, &pgbench));
+    let run = sustain::run(with, plan, pid, length, percent).await;
     service.explain(run).await
 }
 
@@ -123,8 +129,6 @@ pub async fn measure(
     let new = capture::capture(binary, db, &api_key, &keys).await?;
     let replay = capture::capture(binary, db, &api_key, &keys).await?;
     let capture = Capture { new, replay };
-    capture.new.write(&out_dir.join("captured-new.txt"), "new charges")?;
-    capture.replay.write(&out_dir.join("captured-replay.txt"), "replays")?;
     capture.new.require_same_as(script::NEW_CHARGE_STATEMENTS, "new charge")?;
     capture.replay.require_same_as(script::REPLAY_STATEMENTS, "replay")?;
     for (flow, captured) in [("new charge", &capture.new), ("replay", &capture.replay)] {
@@ -135,13 +139,26 @@ pub async fn measure(
     // first: the ANALYZE after the pool covers it too.
     let mut service = Service::start(binary, db).await;
     let (api, pid) = (Api::new(service.process.port, &api_key)?, service.process.pid());
+    // New charges at once, no warm-up: the pools, prepared statements and
+    // caches as a start leaves them (its own keys: round `rounds`).
+    let plan_first = Plan { warmup: Duration::ZERO, round: plan.rounds, ..plan.for_round(0) };
+    let first = scenario::closed_loop(&api, Workload::New, FIRST_CONNECTIONS, &plan_first).await;
+    let first = service.explain(first).await?;
+    say(format!("first round after the start: {:.0} req/s", first.rps()));
     db.create_floor(plan.pool_size).await?;
     fill_replay_pool(plan, &api, &mut service, db).await?;
     let values = script::ServiceValues::read(&db.client).await?;
     let pgbench = Pgbench::write_scripts(db.url.clone(), &values, plan, out_dir)?;
     pgbench.check(&db.client).await?;
 
-    let mut rows = Vec::new();
+    let mut rows = vec![Row {
+        scenario: "new, first round after the start (no warm-up)".to_owned(),
+        connections: FIRST_CONNECTIONS,
+        sample: first,
+        own: None,
+        floor: None,
+        floor_ratio_by_round: Vec::new(),
+    }];
     let checkpoint = Checkpointer::new(db);
     for workload in [Workload::New, Workload::Replay, Workload::Mix] {
         if workload == Workload::Replay {
@@ -160,13 +177,18 @@ pub async fn measure(
             let mut by_round = Vec::new();
             for round in 0..plan.rounds {
                 let plan = &plan.for_round(round);
-                checkpoint.run().await?;
-                let sample = scenario::closed_loop(&api, workload, connections, plan, pid).await;
-                let sample = service.explain(sample).await?;
-                checkpoint.run().await?;
-                let own = pgbench.run(&pgbench.own_sql, workload, connections, plan, pid).await?;
-                checkpoint.run().await?;
-                let floor = pgbench.run(&pgbench.floor, workload, connections, plan, pid).await?;
+                // Each side from a CHECKPOINT, its WAL read once the outbox
+                // is empty.
+                let mark = checkpoint.run().await?;
+                let sample = scenario::closed_loop(&api, workload, connections, plan).await;
+                let mut sample = service.explain(sample).await?;
+                sample.wal = checkpoint.wal_since(&mark, sample.wal.requests).await?;
+                let mark = checkpoint.run().await?;
+                let mut own = pgbench.run(&pgbench.own_sql, workload, connections, plan).await?;
+                own.wal = checkpoint.wal_since(&mark, own.wal.requests).await?;
+                let mark = checkpoint.run().await?;
+                let mut floor = pgbench.run(&pgbench.floor, workload, connections, plan).await?;
+                floor.wal = checkpoint.wal_since(&mark, floor.wal.requests).await?;
                 by_round.extend(ratio(&sample, Some(&floor)));
                 point = Some(match point {
                     None => (sample, own, floor),
@@ -187,24 +209,24 @@ pub async fn measure(
                 floor: Some(floor),
                 floor_ratio_by_round: by_round,
             };
-            let (tally, own, floor) = (&row.sample.tally, row.own.as_ref(), row.floor.as_ref());
+            let (tally, floor) = (&row.sample.tally, row.floor.as_ref());
+            let wal = |wal: Option<&Wal>| wal.and_then(Wal::per_request).unwrap_or(f64::NAN);
             say(format!(
-                "{} x {connections}: {:.0} req/s, p99 {:.2} ms, over 100 ms {}, non-2xx {}; \
-                 own SQL {:.0} TPS, floor {:.0} TPS (over 100 ms {})",
+                "{} x {connections}: {:.0} req/s, p99 {:.2} ms, non-2xx {}, WAL {:.0} B/req; \
+                 floor {:.0} TPS, WAL {:.0} B",
                 workload.name(),
                 row.sample.rps(),
                 tally.percentile_ms(0.99),
-                tally.slow(),
                 tally.non_2xx_text(),
-                own.map_or(0.0, |run| run.tps),
+                wal(Some(&row.sample.wal)),
                 floor.map_or(0.0, |run| run.tps),
-                floor.map_or(0, |run| run.slow),
+                wal(floor.map(|run| &run.wal)),
             ));
             rows.push(row);
         }
     }
     checkpoint.run().await?;
-    let bursts = scenario::bursts(&api, plan, pid).await;
+    let bursts = scenario::bursts(&api, plan).await;
     let (sample, bursts) = service.explain(bursts).await?;
     say(format!(
         "burst: {} rounds, {:.0} req/s, p99 {:.2} ms, non-2xx {}, rounds not created exactly once {}",
@@ -227,6 +249,5 @@ pub async fn measure(
     let peak_rss = chargeonce_testkit::memory_bytes(&pid.to_string(), "VmHWM:")
         .context("the service's VmHWM")?;
     drop(service);
-    let (longest_settle, commands) = (checkpoint.longest_settle.get(), pgbench.command_lines());
-    Ok(Report { machine, rows, bursts, peak_rss, capture, ready, longest_settle, commands })
+    Ok(Report { machine, rows, bursts, peak_rss, capture, ready })
 }

@@ -10,8 +10,6 @@
 //! the statement's text instead of comparing against the wrong SQL. The
 //! capture also gives the round trips per request, background included.
 
-use std::fmt::Write as _;
-use std::path::Path;
 use std::sync::LazyLock;
 
 use anyhow::{bail, Context as _, Result};
@@ -27,11 +25,9 @@ use crate::service::ServiceBinary;
 /// request path; rarer ones (a cached lookup, the background workers) are
 /// only counted as round trips.
 const PER_REQUEST: f64 = 0.5;
-
-/// Statements of the background workers that run once per new charge (the
-/// dispatcher fans out each charge's event), so as often as the request
-/// path's: counted as round trips, not compared with the scripts.
-const BACKGROUND_PER_CHARGE: &[&str] = &["events::FAN_OUT"];
+/// The webhook dispatcher's, once per request when they come one at a time;
+/// it fans out the own-SQL script's events too, so not part of that script.
+const BACKGROUND: &[&str] = &["events::FAN_OUT"];
 
 /// One statement as pg_stat_statements recorded it, and the name of the
 /// `db::ALL_STATEMENTS` constant it is, if any.
@@ -71,7 +67,7 @@ impl Captured {
     /// request are `expected` (constant names, a name once per execution).
     pub fn require_same_as(&self, expected: &[&str], flow: &str) -> Result<()> {
         let unknown: Vec<String> = (self.statements.iter())
-            .filter(|seen| seen.constant.is_none() && !transaction_control(&seen.text))
+            .filter(|seen| seen.constant.is_none())
             .map(|seen| format!("  {} calls: {}", seen.calls, shape(&seen.text)))
             .collect();
         if !unknown.is_empty() {
@@ -85,10 +81,13 @@ impl Captured {
             );
         }
         let mut seen: Vec<&str> = Vec::new();
-        let per_request = (self.statements.iter())
-            .filter(|s| self.per_request(s) >= PER_REQUEST && !transaction_control(&s.text))
-            .filter(|s| !s.constant.is_some_and(|name| BACKGROUND_PER_CHARGE.contains(&name)));
-        for statement in per_request {
+        // BEGIN and COMMIT (one per outcome, or per batch of them) are
+        // round trips, not statements of a script.
+        let background = |s: &Seen| s.constant.is_some_and(|c| BACKGROUND.contains(&c));
+        let control = |s: &Seen| s.constant == Some(TRANSACTION_CONTROL);
+        let per_request =
+            |s: &&Seen| self.per_request(s) >= PER_REQUEST && !background(s) && !control(s);
+        for statement in self.statements.iter().filter(per_request) {
             let copies = (self.per_request(statement).round() as usize).max(1);
             seen.extend(std::iter::repeat_n(statement.constant.unwrap_or_default(), copies));
         }
@@ -106,18 +105,6 @@ impl Captured {
             );
         }
         Ok(())
-    }
-
-    pub fn write(&self, path: &Path, what: &str) -> Result<()> {
-        let mut text = format!(
-            "-- pg_stat_statements after {} {what} (calls, the constant, the normalised text)\n",
-            self.requests
-        );
-        for seen in &self.statements {
-            let constant = seen.constant.unwrap_or("unknown");
-            let _ = writeln!(text, "\n-- {} calls, {constant}\n{};", seen.calls, seen.text);
-        }
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
     }
 }
 
@@ -153,14 +140,16 @@ pub async fn capture(
     Ok(Captured::new(rows, keys.len()))
 }
 
-/// BEGIN, COMMIT or ROLLBACK: not statements of `db`, but round trips.
-fn transaction_control(text: &str) -> bool {
-    ["BEGIN", "COMMIT", "ROLLBACK"].contains(&shape(text).to_uppercase().as_str())
-}
+/// What [`identify`] calls BEGIN, COMMIT and ROLLBACK.
+const TRANSACTION_CONTROL: &str = "Conn::transaction";
 
-/// The known constant a captured text is.
+/// The known constant a captured text is. The outcomes are transactions
+/// (`db::Conn::transaction`): their BEGIN and COMMIT are known.
 fn identify(text: &str) -> Option<&'static str> {
     let captured = shape(text);
+    if ["BEGIN", "COMMIT", "ROLLBACK"].contains(&captured.as_str()) {
+        return Some(TRANSACTION_CONTROL);
+    }
     let mut known = db::ALL_STATEMENTS.iter();
     known.find(|(_, statement)| shape(statement.sql) == captured).map(|(name, _)| *name)
 }
@@ -207,6 +196,7 @@ mod tests {
         assert_eq!(identify(&captured), Some("charges::RECORD_OUTCOME"));
         assert_eq!(identify(sql), Some("charges::RECORD_OUTCOME"));
         assert_eq!(identify("SELECT $1 FROM pg_class"), None);
+        assert_eq!(identify("COMMIT"), Some("Conn::transaction"));
         let known = db::ALL_STATEMENTS;
         for (i, a) in known.iter().enumerate() {
             for b in &known[i + 1..] {
@@ -228,9 +218,11 @@ mod tests {
         };
         let expected = ["charges::INSERT_OR_FIND", "charges::RECORD_OUTCOME"];
         let lookup = chargeonce::db::merchants::FIND_BY_DIGEST.sql;
-        let same = captured(&[(insert, 100), (outcome, 100), ("COMMIT", 100), (lookup, 1)]);
+        let fan_out = chargeonce::db::events::FAN_OUT.sql;
+        let same =
+            captured(&[(insert, 100), (outcome, 100), ("COMMIT", 100), (lookup, 1), (fan_out, 90)]);
         same.require_same_as(&expected, "new charge").unwrap();
-        assert!((same.round_trips() - 3.01).abs() < 1e-9);
+        assert!((same.round_trips() - 3.91).abs() < 1e-9);
         let missing =
             captured(&[(insert, 100), (lookup, 1)]).require_same_as(&expected, "new charge");
         assert!(missing.unwrap_err().to_string().contains("request path changed"));

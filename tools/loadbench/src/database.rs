@@ -2,7 +2,8 @@
 //! server the benchmark is given (dropped at the end, a crashed run's
 //! leftovers swept by the kit), with pg_stat_statements, the service's
 //! schema (migrated by the binary itself) and the floor's table. Also what
-//! the report says about the server, and the quiet start of each run.
+//! the report says about the server, the quiet start of each run and the
+//! WAL each run wrote.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -30,6 +31,8 @@ pub struct BenchDatabase {
     pub client: Client,
     /// A connection to the server's admin database (CHECKPOINT).
     pub admin: Client,
+    /// pg_walinspect is installed: the WAL's full-page images are counted.
+    walinspect: bool,
 }
 
 /// Where the numbers were taken.
@@ -56,7 +59,10 @@ impl BenchDatabase {
                 "pg_stat_statements is not usable on this server; it must be in \
                  shared_preload_libraries (scripts/bench's own cluster has it)",
             )?;
-        Ok(Self { url: database.url.clone(), database, client, admin })
+        // Optional: without it the report gives WAL bytes but no FPI share.
+        let walinspect =
+            client.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect").await.is_ok();
+        Ok(Self { url: database.url.clone(), database, client, admin, walinspect })
     }
 
     /// Drops the database (its connections are ended first).
@@ -74,19 +80,73 @@ impl BenchDatabase {
 
     pub async fn machine(&self) -> Result<Machine> {
         let mut settings = Vec::new();
-        for name in
-            ["server_version", "fsync", "synchronous_commit", "shared_buffers", "max_connections"]
-        {
+        let names = "server_version fsync synchronous_commit shared_buffers max_connections \
+                     max_wal_size checkpoint_timeout wal_compression";
+        for name in names.split_whitespace() {
             let row = self.client.query_one(&format!("SHOW {name}"), &[]).await.context("SHOW")?;
             settings.push(format!("{name}={}", row.get::<_, String>(0)));
         }
         let postgres = settings.remove(0).replace("server_version=", "");
+        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let model = info.lines().find_map(|line| line.strip_prefix("model name"));
         Ok(Machine {
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            cpu: crate::cpu::cpu_model(),
+            cpu: model.and_then(|m| m.split_once(':')).map_or("unknown CPU", |m| m.1.trim()).into(),
             postgres,
             settings: settings.join(", "),
         })
+    }
+
+    /// Where the WAL ends now (flushed), to measure from.
+    pub async fn wal_mark(&self) -> Result<String> {
+        let row = self.client.query_one("SELECT pg_current_wal_flush_lsn()::text", &[]).await;
+        Ok(row.context("pg_current_wal_flush_lsn()")?.get(0))
+    }
+
+    /// The WAL written since `mark`, for `requests` requests: the cluster's,
+    /// from the LSNs (pg_stat_wal lags by what idle backends have not
+    /// reported yet).
+    pub async fn wal_since(&self, mark: &str, requests: u64) -> Result<Wal> {
+        let (lsn, db) = ("$1::text::pg_lsn", &self.client);
+        let sql = format!("SELECT pg_wal_lsn_diff(pg_current_wal_flush_lsn(), {lsn})::float8");
+        let bytes: f64 = db.query_one(&sql, &[&mark]).await.context("WAL bytes")?.get(0);
+        let sql = format!(
+            "SELECT sum(fpi_size)::float8, sum(combined_size)::float8 \
+               FROM pg_get_wal_stats({lsn}, pg_current_wal_flush_lsn())"
+        );
+        // It fails once checkpoints have removed the segments (long runs).
+        let fpi = match self.walinspect && bytes > 0.0 {
+            true => db.query_one(&sql, &[&mark]).await.ok().map(|row| (row.get(0), row.get(1))),
+            false => None,
+        };
+        Ok(Wal { bytes, fpi, requests })
+    }
+}
+
+/// WAL a measured phase wrote (added up over rounds) and the requests, or
+/// pgbench script runs, it served, warm-ups included.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Wal {
+    pub bytes: f64,
+    /// Bytes of full-page images and of all records (pg_walinspect).
+    pub fpi: Option<(f64, f64)>,
+    pub requests: u64,
+}
+
+impl Wal {
+    pub fn add(&mut self, other: &Wal) {
+        self.bytes += other.bytes;
+        self.fpi = self.fpi.zip(other.fpi).map(|(a, b)| (a.0 + b.0, a.1 + b.1));
+        self.requests += other.requests;
+    }
+
+    pub fn per_request(&self) -> Option<f64> {
+        (self.requests > 0).then(|| self.bytes / self.requests as f64)
+    }
+
+    /// The share of the WAL's record bytes that are full-page images.
+    pub fn fpi_share(&self) -> Option<f64> {
+        self.fpi.filter(|(_, all)| *all > 0.0).map(|(fpi, all)| fpi / all)
     }
 }
 
@@ -102,17 +162,36 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(180);
 pub struct Checkpointer<'a> {
     database: &'a BenchDatabase,
     warned: Cell<bool>,
-    /// The longest wait for the outbox so far.
-    pub longest_settle: Cell<Duration>,
 }
 
 impl<'a> Checkpointer<'a> {
     pub fn new(database: &'a BenchDatabase) -> Self {
-        Self { database, warned: Cell::new(false), longest_settle: Cell::new(Duration::ZERO) }
+        Self { database, warned: Cell::new(false) }
     }
 
-    /// Waits for the outbox to empty, then checkpoints.
-    pub async fn run(&self) -> Result<()> {
+    /// Waits for the outbox to empty, then checkpoints; where the WAL ends
+    /// then, to measure the next phase from.
+    pub async fn run(&self) -> Result<String> {
+        self.settle().await?;
+        if let Err(error) = self.database.admin.batch_execute("CHECKPOINT").await {
+            if !self.warned.replace(true) {
+                say(format!(
+                    "warning: CHECKPOINT failed ({error}); runs are not aligned on checkpoints"
+                ));
+            }
+        }
+        self.database.wal_mark().await
+    }
+
+    /// The WAL of a phase that began at `mark` and served `requests`,
+    /// measured once the outbox is empty: the fan-out of its events is part
+    /// of what it wrote.
+    pub async fn wal_since(&self, mark: &str, requests: u64) -> Result<Wal> {
+        self.settle().await?;
+        self.database.wal_since(mark, requests).await
+    }
+
+    async fn settle(&self) -> Result<()> {
         let started = Instant::now();
         let waiting = "SELECT EXISTS (SELECT 1 FROM event_queue)";
         while self
@@ -129,14 +208,6 @@ impl<'a> Checkpointer<'a> {
                 SETTLE_LIMIT.as_secs()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        self.longest_settle.set(self.longest_settle.get().max(started.elapsed()));
-        if let Err(error) = self.database.admin.batch_execute("CHECKPOINT").await {
-            if !self.warned.replace(true) {
-                say(format!(
-                    "warning: CHECKPOINT failed ({error}); runs are not aligned on checkpoints"
-                ));
-            }
         }
         Ok(())
     }

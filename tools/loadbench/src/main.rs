@@ -20,15 +20,14 @@
 //!
 //! Modules, by job: `bench` (one full run), `service` (the binary under
 //! test), `http` (the load client), `scenario` (what the clients send),
-//! `stats` (latencies and statuses), `cpu` (CPU shares from /proc),
-//! `database` (the bench database), `capture` (pg_stat_statements), `script`
+//! `stats` (latencies and statuses), `database` (the bench database and
+//! the WAL it writes), `capture` (pg_stat_statements), `script`
 //! (pgbench scripts), `pgbench` (running it), `report` (the Markdown report
 //! and the targets), `runs` (targets judged over several runs, `--runs N`),
 //! `sustain` (a steady share of the maximum for minutes).
 
 mod bench;
 mod capture;
-mod cpu;
 mod database;
 mod http;
 mod pgbench;
@@ -71,7 +70,7 @@ struct Args {
 
     /// Instead of the benchmark: measure the mix's maximum throughput, then
     /// hold `--load-percent` of it for this many seconds, sampling the
-    /// service's memory each second (sustain.md, sustain.csv).
+    /// service's memory each second, then the floor likewise (sustain.md).
     #[arg(long, value_name = "SECONDS", conflicts_with = "quick")]
     sustain: Option<u64>,
 
@@ -177,14 +176,13 @@ async fn run(args: Args) -> Result<()> {
             match args.sustain {
                 Some(seconds) => {
                     let length = Duration::from_secs(seconds);
-                    let run = bench::sustain(&plan, &binary, &database, length, args.load_percent)
-                        .await?;
+                    let shape = (length, args.load_percent);
+                    let run = bench::sustain(&plan, &binary, &database, shape, &out_dir).await?;
                     let command = format!(
                         "scripts/bench --sustain {seconds} --load-percent {}",
                         args.load_percent
                     );
                     let markdown = run.markdown(&command);
-                    write(&out_dir.join("sustain.csv"), &run.csv())?;
                     write(&out_dir.join("sustain.md"), &markdown)?;
                     Ok((markdown, None))
                 }
@@ -209,7 +207,7 @@ async fn run(args: Args) -> Result<()> {
     let mut markdown = if runs > 1 { runs::markdown(&targets) + "\n" } else { String::new() };
     markdown.push_str(&each.join("\n"));
     let written = match args.sustain {
-        Some(_) => "sustain.md and sustain.csv",
+        Some(_) => "sustain.md",
         None => {
             write(&out_dir.join("report.md"), &markdown)?;
             "report.md"

@@ -2,9 +2,9 @@
 //! and the floor) written to the output folder, checked for doing what they
 //! stand for, then run at each scenario's client count as
 //! `pgbench -n -M prepared -c C -j 2 -T D`, right after the service, for as
-//! long and after as long a warm-up. Throughput and mean latency come from
-//! pgbench's summary; percentiles from its per-transaction log (`-l`), one
-//! entry per script run, that is per charge or per replay.
+//! long and after as long a warm-up. Throughput comes from pgbench's
+//! summary; percentiles from its per-transaction log (`-l`), one entry per
+//! script run, that is per charge or per replay.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -13,10 +13,10 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context as _, Result};
 use tokio_postgres::Client;
 
-use crate::cpu::{CpuClock, CpuShare};
+use crate::database::Wal;
 use crate::scenario::{Workload, MIX_NEW_PERCENT};
 use crate::script::{self, ServiceValues};
-use crate::stats::{per_second, weighted_mean, Latencies};
+use crate::stats::{per_second, Latencies};
 use crate::{say, Plan};
 
 /// pgbench's threads: the machine's two cores; more would only compete
@@ -57,64 +57,39 @@ impl ScriptSet {
         let variables = self.variables.iter().chain((!self.variables.is_empty()).then_some(&run));
         variables.flat_map(|(name, value)| ["-D".to_owned(), format!("{name}={value}")]).collect()
     }
-
-    /// The command that runs this set at C clients, for the report.
-    fn command_line(&self) -> String {
-        let mut variables: String =
-            self.variables.iter().map(|(name, _)| format!("-D {name}=… ")).collect();
-        if !variables.is_empty() {
-            variables.push_str("-D run=… ");
-        }
-        let name = |path: &Path| {
-            path.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned())
-        };
-        let (new, replay) = (name(&self.new), name(&self.replay));
-        format!(
-            "pgbench -n -M prepared -c C -j {THREADS} -T D {variables}-f {new} \
-             (replay: -f {replay}; mix: -f {new}@{MIX_NEW_PERCENT} -f {replay}@{}) BENCH_DATABASE",
-            100 - MIX_NEW_PERCENT,
-        )
-    }
 }
 
 /// What one measured pgbench run gave (or several rounds of one point,
-/// merged): throughput, pgbench's mean latency per script run, the
-/// percentiles and count over `stats::SLOW` of its logged transactions (a
-/// stall of the machine shows here as in the service's count), the share
-/// of all cores busy (pgbench itself included).
+/// merged): throughput, the percentiles and count over `stats::SLOW` of its
+/// logged transactions (a
+/// stall of the machine shows here as in the service's count), and the WAL
+/// written (`wal.requests`: every script run, warm-up included).
 pub struct PgbenchRun {
     pub tps: f64,
-    pub mean_ms: f64,
     pub p99_ms: f64,
-    pub max_ms: f64,
     pub slow: u64,
-    pub cpu_busy: f64,
+    pub wal: Wal,
     seconds: f64,
     latencies: Latencies,
 }
 
 impl PgbenchRun {
-    fn new(tps: f64, mean_ms: f64, cpu_busy: f64, seconds: f64, latencies: Latencies) -> Self {
-        let (p99_ms, max_ms, slow) =
-            (latencies.percentile_ms(0.99), latencies.max_ms(), latencies.slow());
-        Self { tps, mean_ms, p99_ms, max_ms, slow, cpu_busy, seconds, latencies }
+    fn new(tps: f64, wal: Wal, seconds: f64, latencies: Latencies) -> Self {
+        let (p99_ms, slow) = (latencies.percentile_ms(0.99), latencies.slow());
+        Self { tps, p99_ms, slow, wal, seconds, latencies }
     }
 
     /// Adds a later round of the same point: throughput over the whole
-    /// time, the mean latency weighted by transactions, the percentiles of
-    /// all transactions, the CPU weighted by time.
+    /// time, the percentiles of
+    /// all transactions, the WAL.
     pub fn merge(&mut self, other: &PgbenchRun) -> Result<()> {
         let seconds = self.seconds + other.seconds;
         let (mine, theirs) = (self.tps * self.seconds, other.tps * other.seconds);
         let mut latencies = self.latencies.clone();
         latencies.merge(&other.latencies)?;
-        *self = PgbenchRun::new(
-            per_second(mine + theirs, seconds),
-            weighted_mean(&[(self.mean_ms, mine), (other.mean_ms, theirs)]),
-            weighted_mean(&[(self.cpu_busy, self.seconds), (other.cpu_busy, other.seconds)]),
-            seconds,
-            latencies,
-        );
+        let mut wal = self.wal;
+        wal.add(&other.wal);
+        *self = PgbenchRun::new(per_second(mine + theirs, seconds), wal, seconds, latencies);
         Ok(())
     }
 }
@@ -167,10 +142,6 @@ impl Pgbench {
         Ok(Self { url, own_sql, floor, log_dir: out_dir.join("pgbench-log") })
     }
 
-    pub fn command_lines(&self) -> Vec<String> {
-        vec![self.own_sql.command_line(), self.floor.command_line()]
-    }
-
     async fn pgbench(&self, args: &[String]) -> Result<String> {
         let mut command = tokio::process::Command::new("pgbench");
         command.args(["-n", "-M", "prepared"]).args(args).arg(&self.url).kill_on_drop(true);
@@ -198,7 +169,6 @@ impl Pgbench {
         workload: Workload,
         clients: usize,
         plan: &Plan,
-        service_pid: u32,
     ) -> Result<PgbenchRun> {
         let run = format!("{}-{clients}-{}", workload.name(), plan.round);
         let mut args =
@@ -206,22 +176,49 @@ impl Pgbench {
         args.extend(set.args(workload, &run));
         // -T takes whole seconds.
         let seconds = |duration: Duration| ["-T".to_owned(), duration.as_secs().max(1).to_string()];
+        let mut wal = Wal::default();
         if !plan.quick && !plan.warmup.is_zero() {
-            self.pgbench(&[args.clone(), seconds(plan.warmup).to_vec()].concat()).await?;
+            let warmup = [args.clone(), seconds(plan.warmup).to_vec()].concat();
+            wal.requests = summary(&self.pgbench(&warmup).await?)?.1;
         }
         args.extend(seconds(plan.measure));
-        // One log file per pgbench thread, `<prefix>.<pid>[.<thread>]`.
+        args.extend(self.log_args(set, &run)?);
+        let (tps, transactions) = summary(&self.pgbench(&args).await?)?;
+        wal.requests += transactions;
+        let measured = plan.measure.as_secs().max(1) as f64;
+        let latencies = logged_latencies(&self.log_dir, None)?.remove(0);
+        Ok(PgbenchRun::new(tps, wal, measured, latencies))
+    }
+
+    /// `set`'s `workload` offered open-loop (`--rate`) at `rate` per second
+    /// by `clients` for `length`; the latencies per minute, each from the
+    /// transaction's scheduled start.
+    pub async fn open_loop(
+        &self,
+        set: &ScriptSet,
+        workload: Workload,
+        (clients, rate): (usize, f64),
+        length: Duration,
+    ) -> Result<Vec<Latencies>> {
+        let mut args =
+            vec![format!("-c{clients}"), format!("-j{THREADS}"), format!("--rate={rate:.0}")];
+        args.push(format!("-T{}", length.as_secs().max(1)));
+        args.extend(
+            self.log_args(set, "sustain")?.into_iter().chain(set.args(workload, "sustain")),
+        );
+        let start = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+        self.pgbench(&args).await?;
+        logged_latencies(&self.log_dir, Some((start.as_secs(), length.as_secs())))
+    }
+
+    /// `-l --log-prefix=…` in an emptied log folder: one log file per
+    /// pgbench thread, `<prefix>.<pid>[.<thread>]`.
+    fn log_args(&self, set: &ScriptSet, run: &str) -> Result<[String; 2]> {
         let _ = fs::remove_dir_all(&self.log_dir);
         fs::create_dir_all(&self.log_dir)
             .with_context(|| format!("creating {}", self.log_dir.display()))?;
         let prefix = self.log_dir.join(format!("{}-{run}", set.label.replace(' ', "-")));
-        args.extend(["-l".to_owned(), format!("--log-prefix={}", prefix.display())]);
-        let start = CpuClock::read(service_pid)?;
-        let stdout = self.pgbench(&args).await?;
-        let cpu = CpuShare::between(&start, &CpuClock::read(service_pid)?);
-        let (tps, mean_ms) = summary(&stdout)?;
-        let measured = plan.measure.as_secs().max(1) as f64;
-        Ok(PgbenchRun::new(tps, mean_ms, cpu.busy, measured, logged_latencies(&self.log_dir)?))
+        Ok(["-l".to_owned(), format!("--log-prefix={}", prefix.display())])
     }
 
     /// Runs each script a few times and checks its effect: a new charge
@@ -267,36 +264,50 @@ impl Pgbench {
     }
 }
 
-/// TPS and mean latency from pgbench's summary: `tps = 2273.1 (without
-/// initial connection time)`, `latency average = 14.0 ms`.
-fn summary(stdout: &str) -> Result<(f64, f64)> {
+/// TPS and script runs from pgbench's summary: `tps = 2273.1 (without
+/// initial connection time)`, `number of transactions actually processed:
+/// 22731`.
+fn summary(stdout: &str) -> Result<(f64, u64)> {
     let number = |prefix: &str| -> Option<f64> {
         let line = stdout.lines().find_map(|line| line.strip_prefix(prefix))?;
-        line.split_whitespace().next()?.parse().ok()
+        line.split(|c: char| c.is_whitespace() || c == '/').next()?.parse().ok()
     };
-    match (number("tps = "), number("latency average = ")) {
-        (Some(tps), Some(mean_ms)) => Ok((tps, mean_ms)),
-        _ => bail!("no TPS or latency in pgbench's output:\n{stdout}"),
+    let runs = number("number of transactions actually processed: ");
+    match (number("tps = "), runs) {
+        (Some(tps), Some(runs)) => Ok((tps, runs as u64)),
+        _ => bail!("no TPS or transactions in pgbench's output:\n{stdout}"),
     }
 }
 
 /// The latencies in pgbench's per-transaction logs in `log_dir`, whose lines
-/// are `client transaction latency_us script epoch_s epoch_us`.
-fn logged_latencies(log_dir: &Path) -> Result<Latencies> {
-    let mut latencies = Latencies::new()?;
+/// are `client transaction latency_us script epoch_s epoch_us [lag_us]`,
+/// each plus its schedule lag (`--rate`); per minute of a run that started
+/// at an epoch second and lasted so many (the last ones in its last minute),
+/// or all in one.
+fn logged_latencies(log_dir: &Path, run: Option<(u64, u64)>) -> Result<Vec<Latencies>> {
+    let mut minutes = vec![Latencies::new()?];
     for entry in fs::read_dir(log_dir).with_context(|| format!("reading {}", log_dir.display()))? {
         let path = entry?.path();
         let text =
             fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
         for line in text.lines() {
-            let latency = line.split_whitespace().nth(2).and_then(|us| us.parse().ok());
-            latencies.record_us(
-                latency.with_context(|| format!("a line of {}: {line}", path.display()))?,
-            );
+            let fields: Vec<u64> =
+                (line.split_whitespace().map(str::parse).collect::<Result<_, _>>())
+                    .ok()
+                    .filter(|fields: &Vec<u64>| fields.len() >= 6)
+                    .with_context(|| format!("a line of {}: {line}", path.display()))?;
+            let second = run.map_or(0, |(start, length)| {
+                fields[4].saturating_sub(start).min(length.saturating_sub(1))
+            });
+            let minute = (second / 60) as usize;
+            while minutes.len() <= minute {
+                minutes.push(Latencies::new()?);
+            }
+            minutes[minute].record_us(fields[2] + fields.get(6).copied().unwrap_or(0));
         }
     }
-    ensure!(latencies.count() > 0, "pgbench logged no transactions in {}", log_dir.display());
-    Ok(latencies)
+    ensure!(minutes[0].count() > 0, "pgbench logged no transactions in {}", log_dir.display());
+    Ok(minutes)
 }
 
 fn shell_quote(text: &str) -> String {
@@ -312,22 +323,28 @@ mod tests {
 
     #[test]
     fn the_summary_and_the_logs_of_all_threads_are_read_with_their_stalls() {
-        let stdout =
-            "latency average = 10.030 ms\ntps = 3191.2 (without initial connection time)\n";
-        assert_eq!(summary(stdout).unwrap(), (3191.2, 10.03));
+        let stdout = "number of transactions actually processed: 6383\n\
+                      latency average = 10.030 ms\ntps = 3191.2 (without initial connection time)\n";
+        assert_eq!(summary(stdout).unwrap(), (3191.2, 6383));
         assert!(summary("nothing").is_err());
         let dir = std::env::temp_dir().join(format!("loadbench-logs-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join("floor-0.1"), "0 0 1000 0 1 1\n1 0 198188 0 1 2\n").unwrap();
         fs::write(dir.join("floor-0.1.1"), "2 0 2000 0 1 3\n3 0 100000 0 1 4\n").unwrap();
-        let latencies = logged_latencies(&dir).unwrap();
-        fs::remove_dir_all(&dir).unwrap();
+        let latencies = logged_latencies(&dir, None).unwrap().remove(0);
         // 100 ms itself is not over; 198 ms is.
         assert_eq!((latencies.count(), latencies.slow()), (4, 1));
+        // Open loop: plus the schedule lag, per minute from the start.
+        fs::write(dir.join("floor-0.1"), "0 0 1000 0 100 1 5000\n1 0 2000 0 161 2 0\n").unwrap();
+        fs::remove_file(dir.join("floor-0.1.1")).unwrap();
+        let minutes = logged_latencies(&dir, Some((100, 90))).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(minutes.iter().map(Latencies::count).collect::<Vec<_>>(), [1, 1]);
+        assert!((minutes[0].max_ms() - 6.0).abs() < 0.01);
     }
 
     #[test]
-    fn commands_name_the_files_and_weights_and_rounds_merge() {
+    fn mixes_weigh_the_files_and_rounds_merge() {
         let set = ScriptSet {
             label: "floor",
             new: PathBuf::from("/x/floor-new.sql"),
@@ -338,22 +355,18 @@ mod tests {
             set.args(Workload::Mix, "r"),
             ["-f", "/x/floor-new.sql@90", "-f", "/x/floor-replay.sql@10"]
         );
-        assert_eq!(
-            set.command_line(),
-            "pgbench -n -M prepared -c C -j 2 -T D -f floor-new.sql (replay: -f floor-replay.sql; \
-             mix: -f floor-new.sql@90 -f floor-replay.sql@10) BENCH_DATABASE"
-        );
         assert_eq!(shell_quote("payload={\"a\": 1}"), "'payload={\"a\": 1}'");
-        let run = |tps: f64, mean_ms: f64, cpu: f64, micros: &[u64]| {
+        let run = |tps: f64, bytes: f64, micros: &[u64]| {
             let mut latencies = Latencies::new().unwrap();
             micros.iter().for_each(|&us| latencies.record_us(us));
-            PgbenchRun::new(tps, mean_ms, cpu, 2.0, latencies)
+            let wal = Wal { bytes, fpi: None, requests: (tps * 2.0) as u64 };
+            PgbenchRun::new(tps, wal, 2.0, latencies)
         };
-        let mut point = run(1_000.0, 1.0, 30.0, &[1_000, 2_000]);
-        point.merge(&run(3_000.0, 0.2, 50.0, &[500, 150_000])).unwrap();
-        // 2,000 and 6,000 transactions in 4 s; the mean weighted by them.
-        assert!((point.tps - 2_000.0).abs() < 1e-9 && (point.mean_ms - 0.4).abs() < 1e-9);
-        assert!((point.cpu_busy - 40.0).abs() < 1e-9);
+        let mut point = run(1_000.0, 4e6, &[1_000, 2_000]);
+        point.merge(&run(3_000.0, 12e6, &[500, 150_000])).unwrap();
+        // 2,000 and 6,000 transactions in 4 s.
+        assert!((point.tps - 2_000.0).abs() < 1e-9);
+        assert_eq!(point.wal.per_request(), Some(2_000.0));
         assert_eq!(point.slow, 1);
     }
 }

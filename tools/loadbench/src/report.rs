@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::capture::Capture;
-use crate::database::Machine;
+use crate::database::{Machine, Wal};
 use crate::pgbench::PgbenchRun;
 use crate::scenario::BurstCounts;
 use crate::stats::{Sample, SLOW};
@@ -61,11 +61,6 @@ pub struct Report {
     pub peak_rss: u64,
     pub capture: Capture,
     pub ready: Vec<Duration>,
-    /// The longest wait, before a run, for the webhook dispatcher to fan out
-    /// what the previous runs left (`database::Checkpointer`).
-    pub longest_settle: Duration,
-    /// The pgbench commands, own SQL then floor.
-    pub commands: Vec<String>,
 }
 
 /// One target and whether it was met (None: not measured in this run);
@@ -106,9 +101,16 @@ const NEW_MIN_OF_FLOOR: f64 = 0.8;
 const REPLAY_MIN_OF_FLOOR: f64 = 1.0;
 const P99_NEW_MAX_MS: f64 = 15.0;
 const PEAK_RSS_MAX_MB: f64 = 64.0;
+const WAL_NEW_MAX_OF_FLOOR: f64 = 1.5;
 
 fn number(value: Option<f64>, decimals: usize) -> String {
     value.map_or_else(|| "—".to_owned(), |v| format!("{v:.decimals$}"))
+}
+
+/// The service's WAL per request over the floor's per script run.
+fn wal_ratio(row: &Row) -> Option<f64> {
+    let floor = row.floor.as_ref().and_then(|run| run.wal.per_request());
+    row.sample.wal.per_request().zip(floor.filter(|f| *f > 0.0)).map(|(s, f)| s / f)
 }
 
 impl Report {
@@ -133,9 +135,19 @@ impl Report {
             targets.push(Target::on_number(name, measured, ratio, Bound::AtLeast(min)));
         }
 
+        let new_32 = self.row("new", TARGET_CONNECTIONS);
+        let wal = new_32.and_then(wal_ratio);
+        targets.push(Target::on_number(
+            format!(
+                "WAL per new charge ≤ {WAL_NEW_MAX_OF_FLOOR:.1} × floor at {TARGET_CONNECTIONS}"
+            ),
+            number(wal, 2),
+            wal,
+            Bound::AtMost(WAL_NEW_MAX_OF_FLOOR),
+        ));
+
         // The floor's own p99 at the same count says what this machine can
         // do at all.
-        let new_32 = self.row("new", TARGET_CONNECTIONS);
         let p99 = new_32.map(|row| row.sample.tally.percentile_ms(0.99));
         let floor_p99 = new_32.and_then(|row| row.floor.as_ref()).map(|run| run.p99_ms);
         let measured = p99.map_or("not measured".to_owned(), |p| match floor_p99 {
@@ -147,8 +159,9 @@ impl Report {
 
         // The floor's own count at the same scenario tells a stall of the
         // machine (every client of the floor waits too) from one of ours.
-        let at_32: Vec<&Row> =
-            self.rows.iter().filter(|r| r.connections == TARGET_CONNECTIONS).collect();
+        let at_32: Vec<&Row> = (self.rows.iter())
+            .filter(|r| r.connections == TARGET_CONNECTIONS && r.floor.is_some())
+            .collect();
         let slow: Vec<String> = (at_32.iter())
             .map(|row| {
                 let floor = row
@@ -206,8 +219,8 @@ impl Report {
              Machine: {} cores (nproc), {}; PostgreSQL {} ({}). Service: release build, \
              default configuration, simulated processor with 0 ms latency. Load generator: \
              one thread, one keep-alive HTTP/1.1 connection per client. Each point: \
-             {:.1} s warm-up, then {:.0} s measured; then pgbench with the service's own SQL, \
-             then pgbench with the floor, likewise, at the same client count.{rounds}\n",
+             {:.1} s warm-up, then {:.0} s measured; then pgbench (`-n -M prepared -c C -j 2`, \
+             the scripts beside this report) with the service's own SQL, then with the floor, likewise, at the same client count.{rounds}\n",
             m.cores,
             m.cpu,
             m.postgres,
@@ -216,10 +229,6 @@ impl Report {
             plan.measure.as_secs_f64(),
         );
         self.tables(&mut md);
-        md.push_str("\npgbench:\n\n");
-        for command in &self.commands {
-            let _ = writeln!(md, "- `{command}`");
-        }
         md.push_str("\nTargets:\n\n| target | measured | result |\n|---|---|---|\n");
         for target in self.targets() {
             let result = target.met.map_or("—", |met| if met { "PASS" } else { "MISS" });
@@ -232,16 +241,16 @@ impl Report {
         let _ = writeln!(
             md,
             "| scenario | connections | requests/s | p50 ms | p99 ms | p99.9 ms | max ms \
-             | over {} ms | non-2xx | own SQL TPS | floor TPS | service ÷ own SQL \
+             | over {} ms | non-2xx | own SQL TPS | floor TPS | floor p99 ms | service ÷ own SQL \
              | service ÷ floor |\n\
-             |---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+             |---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
             SLOW.as_millis()
         );
         for row in &self.rows {
             let (tally, own, floor) = (&row.sample.tally, row.own.as_ref(), row.floor.as_ref());
             let _ = writeln!(
                 md,
-                "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} |",
                 row.scenario,
                 row.connections,
                 row.sample.rps(),
@@ -253,55 +262,33 @@ impl Report {
                 tally.non_2xx_text(),
                 number(own.map(|run| run.tps), 0),
                 number(floor.map(|run| run.tps), 0),
+                number(floor.map(|run| run.p99_ms), 2),
                 number(ratio(&row.sample, own), 2),
                 row.floor_ratio_text(),
             );
         }
 
         md.push_str(
-            "\npgbench latencies per script run (a charge or a replay), from its summary \
-             (mean) and its per-transaction log (the rest). The floor's slowest \
-             transactions show the machine's own stalls:\n\n\
-             | scenario | connections | own SQL mean ms | own SQL p99 ms | floor mean ms \
-             | floor p99 ms | floor max ms | floor over 100 ms |\n\
+            "\nWAL per request or script run, warm-ups and the fan-out of events included, \
+             each side from a CHECKPOINT (BENCHMARKS.md); FPI: full-page images' share:\n\n\
+             | scenario | connections | service bytes | service FPI % | own SQL bytes \
+             | floor bytes | floor FPI % | service ÷ floor |\n\
              |---|---:|---:|---:|---:|---:|---:|---:|\n",
         );
-        for row in self.rows.iter().filter(|row| row.own.is_some()) {
+        for row in self.rows.iter().filter(|row| row.floor.is_some()) {
+            let wal = |wal: Option<&Wal>| wal.and_then(Wal::per_request);
             let (own, floor) = (row.own.as_ref(), row.floor.as_ref());
             let _ = writeln!(
                 md,
                 "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 row.scenario,
                 row.connections,
-                number(own.map(|run| run.mean_ms), 2),
-                number(own.map(|run| run.p99_ms), 2),
-                number(floor.map(|run| run.mean_ms), 2),
-                number(floor.map(|run| run.p99_ms), 2),
-                number(floor.map(|run| run.max_ms), 2),
-                floor.map_or("—".to_owned(), |run| run.slow.to_string()),
-            );
-        }
-
-        md.push_str(
-            "\nWhere the CPU went, in % of all cores' time during the measured seconds \
-             (from /proc; \"rest\" is PostgreSQL, the kernel and anything else):\n\n\
-             | scenario | connections | service run: busy | service | load generator \
-             | rest | own SQL run: busy | floor run: busy |\n\
-             |---|---:|---:|---:|---:|---:|---:|---:|\n",
-        );
-        for row in &self.rows {
-            let Some(cpu) = row.sample.cpu else { continue };
-            let _ = writeln!(
-                md,
-                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} |",
-                row.scenario,
-                row.connections,
-                cpu.busy,
-                cpu.service,
-                cpu.generator,
-                cpu.rest(),
-                number(row.own.as_ref().map(|run| run.cpu_busy), 0),
-                number(row.floor.as_ref().map(|run| run.cpu_busy), 0),
+                number(wal(Some(&row.sample.wal)), 0),
+                number(row.sample.wal.fpi_share().map(|s| 100.0 * s), 0),
+                number(wal(own.map(|run| &run.wal)), 0),
+                number(wal(floor.map(|run| &run.wal)), 0),
+                number(floor.and_then(|run| run.wal.fpi_share()).map(|s| 100.0 * s), 0),
+                number(wal_ratio(row), 2),
             );
         }
 
@@ -326,12 +313,10 @@ impl Report {
         let ms = |d: Option<&Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1000.0);
         let _ = writeln!(
             md,
-            "| start-to-ready ({} starts, spawn to GET /readyz 200) | median {:.0} ms, max {:.0} ms |\n\
-             | longest wait before a run for the webhook dispatcher to fan out the events of the runs before | {:.1} s |",
+            "| start-to-ready ({} starts, spawn to GET /readyz 200) | median {:.0} ms, max {:.0} ms |",
             self.ready.len(),
             ms(self.ready.get(self.ready.len() / 2)),
             ms(self.ready.iter().max()),
-            self.longest_settle.as_secs_f64()
         );
 
         md.push_str(
@@ -363,7 +348,11 @@ mod tests {
         let row = |ratios: &[f64]| Row {
             scenario: "replay".to_owned(),
             connections: 1,
-            sample: Sample { tally: crate::stats::Tally::new().unwrap(), seconds: 0.0, cpu: None },
+            sample: Sample {
+                tally: crate::stats::Tally::new().unwrap(),
+                seconds: 0.0,
+                wal: Wal::default(),
+            },
             own: None,
             floor: None,
             floor_ratio_by_round: ratios.to_vec(),

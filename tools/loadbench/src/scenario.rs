@@ -19,7 +19,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Barrier;
 
-use crate::cpu::{cpu_between, CpuClock, CpuShare};
+use crate::database::Wal;
 use crate::http::{Api, Http};
 use crate::stats::{Sample, Tally};
 use crate::Plan;
@@ -100,29 +100,29 @@ pub async fn closed_loop(
     workload: Workload,
     connections: usize,
     plan: &Plan,
-    service_pid: u32,
 ) -> Result<Sample> {
     let clients = Http::connect_many(api.addr, connections).await?;
     let measured_from = Instant::now() + plan.warmup;
     let until = measured_from + plan.measure;
     let runs = clients.into_iter().enumerate().map(|(client, mut http)| async move {
         let mut keys = Keys::new(workload, connections, client, plan);
-        let mut tally = Tally::new()?;
+        let (mut tally, mut answered) = (Tally::new()?, 0);
         while Instant::now() < until {
             let answer = http.send(&api.charge(&keys.next_key())?).await?;
+            answered += 1;
             if (measured_from..=until).contains(&answer.finished) {
                 tally.record(&answer);
             }
         }
-        anyhow::Ok(tally)
+        anyhow::Ok((tally, answered))
     });
-    let (results, cpu) =
-        tokio::join!(join_all(runs), cpu_between(measured_from, until, service_pid));
-    let mut tally = Tally::new()?;
-    for result in results {
-        tally.merge(&result?)?;
+    let (mut tally, mut wal) = (Tally::new()?, Wal::default());
+    for result in join_all(runs).await {
+        let (client, answered) = result?;
+        tally.merge(&client)?;
+        wal.requests += answered;
     }
-    Ok(Sample { tally, seconds: plan.measure.as_secs_f64(), cpu: Some(cpu?) })
+    Ok(Sample { tally, seconds: plan.measure.as_secs_f64(), wal })
 }
 
 /// Sends each key once, spread over `connections` sequential clients.
@@ -152,11 +152,11 @@ pub struct BurstCounts {
 /// Rounds of BURST requests with one fresh key, one per connection, released
 /// together by a barrier; the next round starts when all have answered.
 /// Reported once, not per client count: the width is the burst's.
-pub async fn bursts(api: &Api, plan: &Plan, service_pid: u32) -> Result<(Sample, BurstCounts)> {
+pub async fn bursts(api: &Api, plan: &Plan) -> Result<(Sample, BurstCounts)> {
     let mut connections = Http::connect_many(api.addr, BURST).await?;
     let measured_from = Instant::now() + plan.warmup;
     let until = measured_from + plan.measure;
-    let (mut cpu_clock, mut tally) = (None, Tally::new()?);
+    let mut tally = Tally::new()?;
     let mut counts = BurstCounts { rounds: 0, not_created_once: 0 };
     let mut window: Option<(Instant, Instant)> = None;
     for round in 1.. {
@@ -174,9 +174,6 @@ pub async fn bursts(api: &Api, plan: &Plan, service_pid: u32) -> Result<(Sample,
         if started < measured_from {
             continue;
         }
-        if cpu_clock.is_none() {
-            cpu_clock = Some(CpuClock::read(service_pid)?);
-        }
         window = Some((window.map_or(started, |(first, _)| first), Instant::now()));
         counts.rounds += 1;
         let created = answers.iter().filter(|a| a.is_success() && !a.replayed).count();
@@ -184,11 +181,7 @@ pub async fn bursts(api: &Api, plan: &Plan, service_pid: u32) -> Result<(Sample,
         answers.iter().for_each(|answer| tally.record(answer));
     }
     let seconds = window.map_or(0.0, |(first, last)| (last - first).as_secs_f64());
-    let cpu = match cpu_clock {
-        Some(start) => Some(CpuShare::between(&start, &CpuClock::read(service_pid)?)),
-        None => None,
-    };
-    Ok((Sample { tally, seconds, cpu }, counts))
+    Ok((Sample { tally, seconds, wal: Wal::default() }, counts))
 }
 
 #[cfg(test)]

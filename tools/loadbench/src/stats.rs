@@ -1,8 +1,8 @@
 //! What a measured run gave: every answer's latency in an HDR histogram
 //! (3 significant digits: a percentile is exact to 0.1 %), every status, an
-//! exact count of answers slower than [`SLOW`], and where the machine's CPU
-//! went meanwhile. Clients record into tallies of their own, merged at the
-//! end, so recording never waits.
+//! exact count of answers slower than [`SLOW`], and the WAL written
+//! meanwhile. Clients record into tallies of their own, merged at the end,
+//! so recording never waits.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context as _, Result};
 use hdrhistogram::Histogram;
 
-use crate::cpu::CpuShare;
+use crate::database::Wal;
 use crate::http::Answer;
 
 /// One of the targets is that no request is slower than this.
@@ -120,11 +120,12 @@ impl Tally {
     }
 }
 
-/// A measured run: its tally over `seconds`, and the CPU shares meanwhile.
+/// A measured run: its tally over `seconds`, and the WAL its answers
+/// (`wal.requests`: all of them, warm-up included) wrote.
 pub struct Sample {
     pub tally: Tally,
     pub seconds: f64,
-    pub cpu: Option<CpuShare>,
+    pub wal: Wal,
 }
 
 impl Sample {
@@ -132,17 +133,11 @@ impl Sample {
         per_second(self.tally.latencies.count() as f64, self.seconds)
     }
 
-    /// Adds a later round of the same point: its answers, its time, and
-    /// the CPU shares weighted by time.
+    /// Adds a later round of the same point: its answers, time and WAL.
     pub fn merge(&mut self, other: &Sample) -> Result<()> {
         self.tally.merge(&other.tally)?;
-        self.cpu = match (self.cpu, other.cpu) {
-            (Some(mine), Some(theirs)) => {
-                Some(CpuShare::weighted(&[(mine, self.seconds), (theirs, other.seconds)]))
-            }
-            (mine, theirs) => mine.or(theirs),
-        };
         self.seconds += other.seconds;
+        self.wal.add(&other.wal);
         Ok(())
     }
 }
@@ -154,12 +149,6 @@ pub fn per_second(count: f64, seconds: f64) -> f64 {
     } else {
         0.0
     }
-}
-
-/// The mean of `values` weighted by `weights`, 0 when they weigh nothing.
-pub fn weighted_mean(values: &[(f64, f64)]) -> f64 {
-    let total: f64 = values.iter().map(|(_, weight)| weight).sum();
-    per_second(values.iter().map(|(value, weight)| value * weight).sum(), total)
 }
 
 #[cfg(test)]
@@ -185,17 +174,19 @@ mod tests {
     }
 
     #[test]
-    fn samples_of_rounds_add_their_answers_and_time() {
-        let sample = |answers: u64, seconds: f64, busy: f64| {
+    fn samples_of_rounds_add_their_answers_time_and_wal() {
+        let sample = |answers: u64, seconds: f64, fpi: f64| {
             let mut tally = Tally::new().unwrap();
             (0..answers).for_each(|_| tally.latencies.record_us(100));
-            let cpu = CpuShare { busy, service: busy / 2.0, generator: 1.0 };
-            Sample { tally, seconds, cpu: Some(cpu) }
+            let wal = Wal { bytes: 1e6, fpi: Some((fpi, 1e6)), requests: answers + 100 };
+            Sample { tally, seconds, wal }
         };
-        let mut point = sample(3_000, 1.0, 30.0);
-        point.merge(&sample(1_000, 3.0, 50.0)).unwrap();
+        let mut point = sample(3_000, 1.0, 1e5);
+        point.merge(&sample(1_000, 3.0, 3e5)).unwrap();
         assert!((point.rps() - 1_000.0).abs() < 1e-9);
-        let cpu = point.cpu.unwrap();
-        assert!((cpu.busy - 45.0).abs() < 1e-9 && (cpu.service - 22.5).abs() < 1e-9);
+        assert_eq!(point.wal.requests, 4_200);
+        assert!((point.wal.per_request().unwrap() - 2e6 / 4_200.0).abs() < 1e-9);
+        assert!((point.wal.fpi_share().unwrap() - 0.2).abs() < 1e-12);
+        assert_eq!(Wal::default().per_request(), None);
     }
 }

@@ -11,9 +11,14 @@
 //! sends at once, and a request's latency runs from its scheduled time.
 //!
 //! Every second: the answers that finished in it (2xx, other statuses, no
-//! answer at all), their slowest latency and the service's resident memory.
-//! Every minute: a full latency histogram. Like the benchmark, this
-//! measures and reports; it fails only when it cannot run.
+//! answer at all) and the service's resident memory.
+//! Every minute: a full latency histogram. Over the run: the WAL per
+//! request (the server's log, with PostgreSQL's default `log_checkpoints`,
+//! says when checkpoints ran and why). Then the yardstick: the floor's mix,
+//! its maximum measured the same way, offered open-loop by pgbench
+//! (`--rate`) at `percent` of that maximum for as long, each at its own
+//! share of capacity. Like the benchmark, this measures and reports; it
+//! fails only when it cannot run.
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
@@ -23,7 +28,9 @@ use anyhow::{Context as _, Result};
 use chargeonce_testkit::memory_bytes;
 use futures_util::future::join_all;
 
+use crate::database::{BenchDatabase, Wal};
 use crate::http::{Api, Http};
+use crate::pgbench::Pgbench;
 use crate::scenario::{closed_loop, Keys, Workload};
 use crate::stats::Latencies;
 use crate::{say, Plan};
@@ -35,13 +42,12 @@ pub const CONNECTIONS: usize = 64;
 const MAX_CONNECTIONS: usize = 32;
 
 /// One second of the run: 2xx answers, other statuses, requests without an
-/// answer, the slowest latency, the service's VmRSS sampled in it.
+/// answer, the service's VmRSS sampled in it.
 #[derive(Clone, Default)]
 pub struct Second {
     pub ok: u64,
     pub non_2xx: u64,
     pub failed: u64,
-    pub slowest_us: u64,
     pub rss: Option<u64>,
 }
 
@@ -58,18 +64,21 @@ pub struct Sustained {
     pub seconds: Vec<Second>,
     /// Per minute (the last one may be shorter).
     pub minutes: Vec<Latencies>,
+    pub wal: Wal,
+    /// The floor's maximum, the rate it was offered, its minutes.
+    pub floor: (f64, f64, Vec<Latencies>),
 }
 
 /// Measures the maximum, then holds `percent` of it for `length`.
 pub async fn run(
-    api: &Api,
+    (api, db, pgbench): (&Api, &BenchDatabase, &Pgbench),
     plan: &Plan,
     pid: u32,
     length: Duration,
     percent: u32,
 ) -> Result<Sustained> {
     say(format!("measuring the maximum throughput of the mix at {MAX_CONNECTIONS} connections"));
-    let max = closed_loop(api, Workload::Mix, MAX_CONNECTIONS, plan, pid).await?;
+    let max = closed_loop(api, Workload::Mix, MAX_CONNECTIONS, plan).await?;
     max.tally.require_success("the maximum-throughput measurement")?;
     let max_rps = max.rps();
     let target_rps = max_rps * f64::from(percent) / 100.0;
@@ -96,7 +105,6 @@ pub async fn run(
                 Some(false) => second.non_2xx += 1,
                 None => second.failed += 1,
             }
-            second.slowest_us = second.slowest_us.max(micros);
         }
         if let Some(minute) = minutes.borrow_mut().get_mut(index / 60) {
             minute.record_us(micros);
@@ -146,11 +154,23 @@ pub async fn run(
         }
         anyhow::Ok(())
     };
+    // Each sustained phase from a checkpoint (superuser only, as in the
+    // benchmark).
+    let _ = db.admin.batch_execute("CHECKPOINT").await;
+    let mark = db.wal_mark().await?;
     let (results, sampled) = tokio::join!(join_all(clients), sampler);
     sampled?;
     results.into_iter().collect::<Result<Vec<()>>>()?;
     let (seconds, minutes) = (seconds.into_inner(), minutes.into_inner());
-    Ok(Sustained { max_rps, percent, target_rps, seconds, minutes })
+    let answers = seconds.iter().map(Second::answers).sum();
+    let wal = db.wal_since(&mark, answers).await?;
+    let (set, mix) = (&pgbench.floor, Workload::Mix);
+    let floor_max = pgbench.run(set, mix, MAX_CONNECTIONS, plan).await?.tps;
+    let rate = floor_max * f64::from(percent) / 100.0;
+    say(format!("floor: maximum {floor_max:.0} TPS; offering {rate:.0}/s open-loop"));
+    let _ = db.admin.batch_execute("CHECKPOINT").await;
+    let floor = (floor_max, rate, pgbench.open_loop(set, mix, (CONNECTIONS, rate), length).await?);
+    Ok(Sustained { max_rps, percent, target_rps, seconds, minutes, wal, floor })
 }
 
 fn mb(bytes: u64) -> f64 {
@@ -229,29 +249,40 @@ impl Sustained {
             "\n- Throughput: {achieved:.0} answers/s on average, {:.1} % of the offered rate.\n\
              - Errors: {bad} of {total} requests not 2xx or unanswered ({:.4} %).\n\
              - Resident memory: {second_minute}{:.1} MB in the last minute, {:.1} MB over the \
-             run; slope after the first minute {:+.3} MB per minute.\n",
+             run; slope after the first minute {:+.3} MB per minute.\n\
+             - WAL: {:.0} bytes per request ({:.0} MB a minute).\n",
             100.0 * achieved / self.target_rps,
             100.0 * bad as f64 / total.max(1) as f64,
             peak(last.saturating_sub(60), last),
             peak(0, last),
-            slope(&settled)
+            slope(&settled),
+            self.wal.per_request().unwrap_or(f64::NAN),
+            self.wal.bytes / 1e6 / (last.max(1) as f64 / 60.0),
         );
-        text
-    }
-
-    /// One line per second, for plotting.
-    pub fn csv(&self) -> String {
-        let mut text = String::from("second,answers,not_2xx,no_answer,slowest_ms,rss_bytes\n");
-        for (index, s) in self.seconds.iter().enumerate() {
-            let rss = s.rss.map_or(String::new(), |b| b.to_string());
-            let slowest = s.slowest_us as f64 / 1000.0;
+        let (floor_max, rate, floor) = &self.floor;
+        let _ = write!(
+            text,
+            "\nBeside the floor: its mix at {} % of its own maximum ({floor_max:.0} TPS, closed \
+             loop, {MAX_CONNECTIONS} clients), {rate:.0}/s offered by pgbench `--rate` over \
+             {CONNECTIONS} clients for as long; each latency from its scheduled start (pgbench's \
+             latency plus its schedule lag).\n\n\
+             | minute | service p50 ms | p99 | p99.9 | max | floor p50 ms | p99 | p99.9 | max |\n\
+             |---|---|---|---|---|---|---|---|---|\n",
+            self.percent
+        );
+        let cells = |minute: Option<&Latencies>| {
+            let quantiles = [0.5, 0.99, 0.999].map(|q| minute.map(|m| m.percentile_ms(q)));
+            let values = quantiles.into_iter().chain([minute.map(Latencies::max_ms)]);
+            values.map(|v| v.map_or("—".to_owned(), |v| format!("{v:.2}"))).collect::<Vec<_>>()
+        };
+        for minute in 0..self.minutes.len().max(floor.len()) {
+            let (service, floor) = (cells(self.minutes.get(minute)), cells(floor.get(minute)));
             let _ = writeln!(
                 text,
-                "{},{},{},{},{slowest:.3},{rss}",
-                index + 1,
-                s.answers(),
-                s.non_2xx,
-                s.failed
+                "| {} | {} | {} |",
+                minute + 1,
+                service.join(" | "),
+                floor.join(" | ")
             );
         }
         text
@@ -267,19 +298,32 @@ mod tests {
         let line: Vec<(f64, f64)> = (0..10).map(|x| (x as f64, 3.0 * x as f64 + 1.0)).collect();
         assert!((slope(&line) - 3.0).abs() < 1e-9);
         assert_eq!(slope(&[(1.0, 2.0)]), 0.0);
-        let second =
-            |ok, non_2xx, rss| Second { ok, non_2xx, failed: 0, slowest_us: 2_000, rss: Some(rss) };
+        let second = |ok, non_2xx, rss| Second { ok, non_2xx, failed: 0, rss: Some(rss) };
         let mut seconds: Vec<Second> = (0..120).map(|_| second(100, 0, 40_000_000)).collect();
         seconds[90] = second(98, 2, 41_000_000);
         let mut minute = Latencies::new().unwrap();
         minute.record_us(1_000);
+        let mut minute_of_floor = Latencies::new().unwrap();
+        minute_of_floor.record_us(3_000);
         let minutes = vec![minute.clone(), minute];
-        let run = Sustained { max_rps: 125.0, percent: 80, target_rps: 100.0, seconds, minutes };
+        let wal = Wal { bytes: 48e6, fpi: None, requests: 12_000 };
+        let floor = (200.0, 160.0, vec![minute_of_floor]);
+        let run = Sustained {
+            max_rps: 125.0,
+            percent: 80,
+            target_rps: 100.0,
+            seconds,
+            minutes,
+            wal,
+            floor,
+        };
         let report = run.markdown("scripts/bench --sustain 120");
         assert!(report.contains("| 2 | 100 | 2 | 0 |"), "{report}");
         assert!(report.contains("2 of 12000 requests"), "{report}");
         assert!(report.contains("100.0 % of the offered rate"), "{report}");
         assert!(report.contains("41.0 MB in minute 2"), "{report}");
-        assert_eq!(run.csv().lines().count(), 121);
+        assert!(report.contains("4000 bytes per request (24 MB a minute)"), "{report}");
+        assert!(report.contains("| 1 | 1.00 | 1.00 | 1.00 | 1.00 | 3.00 | 3.00 |"), "{report}");
+        assert!(report.contains("| 2 | 1.00 | 1.00 | 1.00 | 1.00 | — | — | — | — |"), "{report}");
     }
 }
