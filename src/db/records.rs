@@ -383,17 +383,6 @@ pub async fn record_unknown<R: Stored>(
     .await
 }
 
-/// Records a final outcome and its event in one transaction; `None` if the
-/// record was no longer pending.
-pub async fn record_outcome<R: Stored>(
-    conn: &Conn,
-    record: &R,
-    outcome: &Outcome,
-) -> Result<Option<R>, DbError> {
-    let mut recorded = record_outcomes(conn, &[(record.clone(), outcome.clone())]).await?;
-    Ok(recorded.pop().flatten())
-}
-
 /// Records many outcomes (`db::batch`) in one transaction, so one commit:
 /// for each record once, in id order, its update, its event and the event's
 /// queue row, all sent together (pipelined). For each item, the record as
