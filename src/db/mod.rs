@@ -148,14 +148,19 @@ fn transient_state(code: &SqlState) -> bool {
 /// Citus lost its connection to a worker while a statement or the
 /// transaction ran there: the coordinator reports it as an internal error
 /// (XX000) carrying libpq's message (as it does when the worker cannot be
-/// reached at all, it reports 08006). Whether the worker committed is
-/// unknown, as after a lost connection of our own: transient (the merchants
-/// on that worker get 503 until it is back) and ambiguous.
+/// reached at all, it reports 08006). When the worker goes while it
+/// commits, the coordinator has committed its own part and reports "could
+/// not commit transaction for shard N on at least one active node" (also
+/// XX000; our schema has no deferred constraints, the other cause). Whether
+/// the worker committed is unknown, as after a lost connection of our own:
+/// transient (the merchants on that worker get 503 until it is back) and
+/// ambiguous.
 fn citus_worker_lost(error: &tokio_postgres::Error) -> bool {
-    const LOST: [&str; 3] = [
+    const LOST: [&str; 4] = [
         "failure on connection marked as essential",
         "server closed the connection unexpectedly",
         "SSL SYSCALL error: EOF detected",
+        "could not commit transaction for shard",
     ];
     error.as_db_error().is_some_and(|e| {
         *e.code() == SqlState::INTERNAL_ERROR && LOST.iter().any(|lost| e.message().contains(lost))

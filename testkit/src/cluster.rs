@@ -577,7 +577,11 @@ fn init_node(root: &Path, node: &Node) {
         .args(["--locale=C", "--no-sync", "--no-instructions"]);
     programs.run(initdb).unwrap_or_else(|e| panic!("{e}"));
     // initdb's pg_hba.conf trusts 127.0.0.1 for databases and for
-    // replication alike.
+    // replication alike. authentication_timeout: a connection that arrives
+    // while the server stops is served by a process the postmaster does not
+    // signal; it waits that long for the client's first packet, and an
+    // immediate stop waits for it (the default 60 s made `pg_ctl stop` time
+    // out when a stalled client had just connected).
     append(
         &node.data.join("postgresql.conf"),
         "\n# chargeonce_testkit::cluster\n\
@@ -585,7 +589,8 @@ fn init_node(root: &Path, node: &Node) {
          unix_socket_directories = ''\n\
          fsync = off\n\
          shared_buffers = '32MB'\n\
-         max_connections = 200\n",
+         max_connections = 200\n\
+         authentication_timeout = '5s'\n",
     );
 }
 
