@@ -6,7 +6,9 @@
 -- merchant wants that type (an event no endpoint wants has nothing to fan
 -- out); for a refund also its charge's refunded and reserved amounts. A
 -- record no longer pending (another request recorded it first) is skipped.
--- Each function returns the records it changed, as they are now.
+-- Each function returns the records it changed, as they are now. The two
+-- are alike on purpose: one function over both tables would need dynamic
+-- SQL, planned again at every call.
 --
 -- One call instead of one statement per change: on Citus the coordinator
 -- hands the whole call to the merchant's worker (`place_function` below
