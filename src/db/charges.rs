@@ -31,6 +31,8 @@ pub const STATEMENTS: RecordStatements = crate::record_statements! {
     table: "charges",
     object: "charge",
     columns: [charge_columns!()],
+    processor_id: "processor_payment_id",
+    outcome_also: "",
     forget_also: "SELECT 1 FROM gone",
 };
 

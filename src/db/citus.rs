@@ -53,14 +53,6 @@ pub const TABLES: [(&str, Placement); 9] = [
     ("api_keys", Placement::Reference),
 ];
 
-/// The functions distributed by their first argument, the merchant, and
-/// co-located with `charges`, by signature: the coordinator hands a call
-/// of one to the merchant's worker whole (migration V10, `place_function`).
-pub const FUNCTIONS: [&str; 2] = [
-    "record_charge_outcomes(uuid, uuid[], text[], text[], text[], text[], uuid[], jsonb[])",
-    "record_refund_outcomes(uuid, uuid[], text[], text[], text[], text[], uuid[], jsonb[])",
-];
-
 /// The migration after which a Citus database is distributed: V8 creates
 /// `place_table`, and V7 has removed V6's statement trigger with a
 /// transition table on `events`, which Citus refuses on a distributed table
@@ -83,8 +75,7 @@ pub(super) async fn migrate(client: &mut Client, runner: fn() -> Runner) -> Resu
 }
 
 /// With the citus extension, places every table of [`TABLES`] that exists
-/// and is neither distributed nor a reference table yet, and distributes
-/// the [`FUNCTIONS`] that exist; returns how many tables it placed.
+/// and is neither distributed nor a reference table yet; returns how many.
 /// One transaction: Citus will not distribute a table that a plain table
 /// references by a foreign key, and a plain table that references a
 /// reference table becomes a "Citus local" table that cannot take a
@@ -116,28 +107,10 @@ pub async fn distribute(client: &mut Client) -> Result<usize, DbError> {
         .iter()
         .map(|row| row.get(0))
         .collect();
-    if !unplaced.is_empty() {
-        place_tables(client, &unplaced).await?;
+    if unplaced.is_empty() {
+        return Ok(0);
     }
-    // Before migration V10 there is neither `place_function` nor a function
-    // to place.
-    let v10: bool = client
-        .query_one(
-            "SELECT to_regprocedure('place_function(regprocedure)') IS NOT NULL",
-            &[],
-        )
-        .await?
-        .get(0);
-    for function in FUNCTIONS.iter().filter(|_| v10) {
-        client
-            .execute("SELECT place_function($1::text::regprocedure)", &[function])
-            .await?;
-    }
-    Ok(unplaced.len())
-}
 
-/// Places the tables `unplaced` in one transaction (see [`distribute`]).
-async fn place_tables(client: &mut Client, unplaced: &[String]) -> Result<(), DbError> {
     let transaction = client.transaction().await?;
     // One connection per node: the foreign keys added at the end follow
     // shards and reference tables created in the same transaction.
@@ -179,5 +152,5 @@ async fn place_tables(client: &mut Client, unplaced: &[String]) -> Result<(), Db
     }
     transaction.commit().await?;
     tracing::info!(tables = ?unplaced, "distributed the tables on the Citus cluster");
-    Ok(())
+    Ok(unplaced.len())
 }

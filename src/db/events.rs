@@ -27,21 +27,13 @@ use super::{Conn, DbError, Statement};
 use crate::domain::{Event, EventId, EventType, MerchantId};
 
 /// Queues the merchant `$1`'s event `$2` for the fan-out if this
-/// transaction wrote it and a live endpoint of the merchant wants its type
-/// (an event no endpoint wants has nothing to fan out): the writers add an
-/// event only when its state change happened (a unique index refuses a
-/// second one), and this reads the event back instead of being told, so
-/// both can be sent together. So an event is in the queue exactly when it
-/// committed and had somewhere to go. (Outcomes queue theirs the same way
-/// inside `record_<object>_outcomes`, migration V10.)
+/// transaction wrote it: the writers add an event only when its state
+/// change happened (a unique index refuses a second one), and this reads
+/// the event back instead of being told, so both can be sent together.
+/// So an event is in the queue exactly when it committed.
 pub const QUEUE: Statement = Statement {
     sql: "INSERT INTO event_queue (event_id, merchant_id, type) \
-          SELECT ev.id, ev.merchant_id, ev.type FROM events ev \
-           WHERE ev.merchant_id = $1 AND ev.id = $2 \
-             AND EXISTS (SELECT 1 FROM webhook_endpoints e \
-                          WHERE e.merchant_id = $1 \
-                            AND e.deleted_at IS NULL AND e.disabled_at IS NULL \
-                            AND (e.event_types IS NULL OR ev.type = ANY (e.event_types)))",
+          SELECT id, merchant_id, type FROM events WHERE merchant_id = $1 AND id = $2",
     params: &[Type::UUID, Type::UUID],
 };
 

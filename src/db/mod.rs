@@ -420,8 +420,8 @@ pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
         charges::STATEMENTS.record_unknown,
     ),
     (
-        "charges::RECORD_OUTCOMES",
-        charges::STATEMENTS.record_outcomes,
+        "charges::RECORD_OUTCOME",
+        charges::STATEMENTS.record_outcome,
     ),
     ("charges::RECORD_EVENT", charges::STATEMENTS.record_event),
     (
@@ -448,8 +448,8 @@ pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
         refunds::STATEMENTS.record_unknown,
     ),
     (
-        "refunds::RECORD_OUTCOMES",
-        refunds::STATEMENTS.record_outcomes,
+        "refunds::RECORD_OUTCOME",
+        refunds::STATEMENTS.record_outcome,
     ),
     ("refunds::RECORD_EVENT", refunds::STATEMENTS.record_event),
     (

@@ -43,7 +43,7 @@ pub struct RecordStatements {
     pub abandoned: Statement,
     pub claim: Statement,
     pub record_unknown: Statement,
-    pub record_outcomes: Statement,
+    pub record_outcome: Statement,
     pub record_event: Statement,
     pub forget_unconfirmed: Statement,
     pub expired_keys: Statement,
@@ -74,6 +74,9 @@ pub trait Stored: Record + serde::Serialize + std::fmt::Debug {
 /// - `table`: its name; `object`: what its events are about (`charge`
 ///   writes `charge.*` events referring to it by `charge_id`);
 /// - `columns`: the columns its records are decoded from;
+/// - `processor_id`: the column for the processor's id of the outcome;
+/// - `outcome_also`: CTEs (each starting with a comma) that the outcome
+///   statement runs too, reading the changed row from `updated`;
 /// - `forget_also`: the statement that follows the deletion of an
 ///   unconfirmed row, reading it from `gone`; it returns a row if one was
 ///   deleted.
@@ -87,14 +90,12 @@ pub trait Stored: Record + serde::Serialize + std::fmt::Debug {
 ///   `claim` (merchant, id, lease ms): a fresh lease on it if it still
 ///   qualifies;
 /// - `record_unknown` (merchant, id, our lease, retry ms);
-///   `record_event` (merchant, id, event id, event data, status, least
-///   processor attempts): each changes or adds one row, so that on Citus
-///   each is carried out by the merchant's worker alone (an INSERT inside a
-///   CTE is not: its result goes to every worker);
-/// - `record_outcomes` (merchant, then per record: ids, statuses, failure
-///   codes, failure messages, processor ids, event ids, event data): the
-///   function `record_<object>_outcomes` (migration V10), which records a
-///   batch of the merchant's outcomes with their events in one call;
+///   `record_outcome` (merchant, id, status, failure code, failure
+///   message, processor id); `record_event` (merchant, id, event id, event
+///   data, status, least processor attempts): each changes or adds one
+///   row, so that on Citus each is carried out by the merchant's worker
+///   alone (an INSERT inside a CTE is not: its result goes to every
+///   worker);
 /// - `forget_unconfirmed` (merchant, id);
 /// - `expired_keys` (cutoff id, limit): `merchant_id, id` of final rows
 ///   still holding a key and older than the cutoff, read only;
@@ -109,6 +110,8 @@ macro_rules! record_statements {
         table: $table:literal,
         object: $object:literal,
         columns: [$($columns:tt)*],
+        processor_id: $processor_id:literal,
+        outcome_also: $outcome_also:literal,
         forget_also: $forget_also:literal $(,)?
     ) => {{
         use tokio_postgres::types::Type;
@@ -179,12 +182,20 @@ macro_rules! record_statements {
                       RETURNING ", $($columns)*),
                 params: &[Type::UUID, Type::UUID, Type::TIMESTAMPTZ, Type::INT8],
             },
-            record_outcomes: $crate::db::Statement {
-                sql: concat!("SELECT ", $($columns)*, " FROM record_", $object,
-                             "_outcomes($1, $2, $3, $4, $5, $6, $7, $8)"),
-                params: &[Type::UUID, Type::UUID_ARRAY, Type::TEXT_ARRAY, Type::TEXT_ARRAY,
-                          Type::TEXT_ARRAY, Type::TEXT_ARRAY, Type::UUID_ARRAY,
-                          Type::JSONB_ARRAY],
+            // Only a pending row changes: one whose outcome another request
+            // recorded first (the processor gave it the same answer) returns
+            // no row.
+            record_outcome: $crate::db::Statement {
+                sql: concat!(
+                    "WITH updated AS ( \
+                         UPDATE ", $table, " SET status = $3, failure_code = $4, \
+                                           failure_message = $5, ", $processor_id, " = $6, \
+                                           locked_until = NULL, updated_at = now() \
+                          WHERE merchant_id = $1 AND id = $2 \
+                            AND status IS NOT DISTINCT FROM 'pending' \
+                          RETURNING ", $($columns)*, ")", $outcome_also,
+                    " SELECT ", $($columns)*, " FROM updated"),
+                params: &[Type::UUID, Type::UUID, Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT],
             },
             // The event of the state the row is in, if it is `$5` with at
             // least `$6` processor attempts: `<object>.<status>`, at most one
@@ -372,26 +383,58 @@ pub async fn record_unknown<R: Stored>(
     .await
 }
 
-/// Records many outcomes (`db::batch`): per merchant one call of
-/// `record_<object>_outcomes` (migration V10), which for each record once,
-/// in id order, changes it from pending to its outcome and adds its event,
-/// in one transaction. For each item, the record as recorded, or `None` if
-/// it was no longer pending (an item whose record appears earlier in
-/// `items` too finds it recorded by that one). Two batches that share
-/// records lock them in the same order.
+/// Records many outcomes (`db::batch`) in one transaction, so one commit:
+/// for each record once, in id order, its update, its event and the event's
+/// queue row, all sent together (pipelined). For each item, the record as
+/// recorded, or `None` if it was no longer pending (an item whose record
+/// appears earlier in `items` too finds it recorded by that one). Two
+/// batches that share records lock them in the same order.
 pub async fn record_outcomes<R: Stored>(
     conn: &Conn,
     items: &[(R, Outcome)],
 ) -> Result<Vec<Option<R>>, DbError> {
     let first_of_record = first_by_key(items, |(record, _)| (record.merchant(), record.uuid()));
-    let mut by_merchant: BTreeMap<MerchantId, Vec<&(R, Outcome)>> = BTreeMap::new();
-    for ((merchant, _), index) in first_of_record {
-        by_merchant.entry(merchant).or_default().push(&items[index]);
-    }
-    let calls = by_merchant
-        .iter()
-        .map(|(merchant, sent)| record_outcomes_of(conn, *merchant, sent));
-    let recorded = futures_util::future::try_join_all(calls).await?;
+    let sent: Vec<&(R, Outcome)> = first_of_record
+        .values()
+        .map(|&index| &items[index])
+        .collect();
+    // The event reads the row its update changed, and the queue row the
+    // event (`Conn::prepare` says why this comes first).
+    conn.prepare(&[
+        &R::STATEMENTS.record_outcome,
+        &R::STATEMENTS.record_event,
+        &super::events::QUEUE,
+    ])
+    .await?;
+    let recorded = conn
+        .transaction(async {
+            let each = sent.iter().map(|(record, outcome)| async move {
+                let (processor_id, code, message) = outcome.columns();
+                let merchant = record.merchant();
+                let id = record.uuid();
+                let status = outcome.status().as_str();
+                let event = crate::clock::new_v7();
+                let data = record.with_outcome(outcome).into_event();
+                let params: [&(dyn ToSql + Sync); 6] = [
+                    merchant.as_uuid(),
+                    &id,
+                    &status,
+                    &code,
+                    &message,
+                    &processor_id,
+                ];
+                let (row, (), ()) = futures_util::try_join!(
+                    conn.query_opt(&R::STATEMENTS.record_outcome, &params),
+                    add_event::<R>(conn, record, event, status, 0, data),
+                    super::events::queue(conn, merchant, event),
+                )?;
+                row.as_ref().map(decode::<R>).transpose()
+            });
+            Ok(Decision::Commit(
+                futures_util::future::try_join_all(each).await?,
+            ))
+        })
+        .await?;
     let mut by_id: BTreeMap<Uuid, R> = recorded
         .into_iter()
         .flatten()
@@ -402,48 +445,6 @@ pub async fn record_outcomes<R: Stored>(
         .iter()
         .map(|(record, _)| by_id.remove(&record.uuid()))
         .collect())
-}
-
-/// One merchant's part of [`record_outcomes`]: one call, the records in id
-/// order; returns the records it changed.
-async fn record_outcomes_of<R: Stored>(
-    conn: &Conn,
-    merchant: MerchantId,
-    sent: &[&(R, Outcome)],
-) -> Result<Vec<R>, DbError> {
-    let mut ids = Vec::with_capacity(sent.len());
-    let mut statuses = Vec::with_capacity(sent.len());
-    let mut codes = Vec::with_capacity(sent.len());
-    let mut messages = Vec::with_capacity(sent.len());
-    let mut processor_ids = Vec::with_capacity(sent.len());
-    let mut events = Vec::with_capacity(sent.len());
-    let mut data = Vec::with_capacity(sent.len());
-    for (record, outcome) in sent {
-        let (processor_id, code, message) = outcome.columns();
-        ids.push(record.uuid());
-        statuses.push(outcome.status().as_str());
-        codes.push(code);
-        messages.push(message);
-        processor_ids.push(processor_id);
-        events.push(crate::clock::new_v7());
-        data.push(Json(record.with_outcome(outcome).into_event()));
-    }
-    let rows = conn
-        .query(
-            &R::STATEMENTS.record_outcomes,
-            &[
-                merchant.as_uuid(),
-                &ids,
-                &statuses,
-                &codes,
-                &messages,
-                &processor_ids,
-                &events,
-                &data,
-            ],
-        )
-        .await?;
-    rows.iter().map(decode).collect()
 }
 
 /// Adds the event `<object>.<status>` (`event`, with `data`) of `record` if

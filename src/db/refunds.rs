@@ -80,13 +80,22 @@ pub const REFUNDABLE: Statement = Statement {
 
 /// The statements a refund shares with a charge (`super::records`). A
 /// refund's outcome also changes its charge: a succeeded refund counts as
-/// refunded, a failed one gives its reservation back (in
-/// `record_refund_outcomes`, migration V10); and forgetting an
+/// refunded, a failed one gives its reservation back; and forgetting an
 /// unconfirmed refund gives its reservation back.
 pub const STATEMENTS: RecordStatements = crate::record_statements! {
     table: "refunds",
     object: "refund",
     columns: [refund_columns!()],
+    processor_id: "processor_refund_id",
+    outcome_also: ", charge AS ( \
+          UPDATE charges c \
+             SET amount_refunded = c.amount_refunded \
+                     + CASE WHEN u.status = 'succeeded' THEN u.amount ELSE 0 END, \
+                 refunds_reserved = c.refunds_reserved \
+                     - CASE WHEN u.status = 'failed' THEN u.amount ELSE 0 END, \
+                 updated_at = now() \
+            FROM updated u \
+           WHERE c.merchant_id = $1 AND c.id = u.charge_id)",
     forget_also: "UPDATE charges c SET refunds_reserved = c.refunds_reserved - g.amount \
                     FROM gone g WHERE c.merchant_id = $1 AND c.id = g.charge_id \
                   RETURNING 1",

@@ -486,30 +486,6 @@ async fn on_citus_every_table_is_placed_as_intended() {
         TABLES.len(),
         "Citus knows other tables: {found:#?}"
     );
-    for function in chargeonce::db::citus::FUNCTIONS {
-        let row = client
-            .query_one(
-                "SELECT o.distribution_argument_index, \
-                        o.colocationid = (SELECT colocationid FROM pg_dist_partition \
-                                           WHERE logicalrelid = 'charges'::regclass) \
-                   FROM pg_dist_object o \
-                  WHERE o.classid = 'pg_proc'::regclass AND o.objid = to_regprocedure($1)",
-                &[&function],
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{function} is not a distributed object: {e}"));
-        let (argument, colocated): (Option<i32>, Option<bool>) = (row.get(0), row.get(1));
-        assert_eq!(
-            argument,
-            Some(0),
-            "{function} is distributed by the merchant"
-        );
-        assert_eq!(
-            colocated,
-            Some(true),
-            "{function} is co-located with charges"
-        );
-    }
 }
 
 /// The convention for a table added by a later migration
@@ -690,66 +666,6 @@ async fn on_citus_every_request_path_statement_contacts_one_worker() {
         routed >= 30,
         "the request path's statements were seen reaching one worker ({routed})"
     );
-}
-
-/// A batch of outcomes is one call of a distributed function, which the
-/// coordinator hands whole to the merchant's worker: one command sent, to
-/// one worker, naming the function (not the statements inside it). Without
-/// the distribution (migration V10's `place_function`) the coordinator would
-/// run the function itself and send each statement inside on its own.
-#[tokio::test]
-async fn on_citus_a_batch_of_outcomes_is_one_command_to_the_merchants_worker() {
-    let database = migrated_database().await;
-    let client = database.client().await;
-    if !on_citus(
-        &client,
-        "on_citus_a_batch_of_outcomes_is_one_command_to_the_merchants_worker",
-    )
-    .await
-    {
-        return;
-    }
-    let (client, mut notices) = connect_with_notices(&database.url).await;
-    client
-        .batch_execute("SET citus.log_remote_commands = on; SET client_min_messages = log")
-        .await
-        .unwrap();
-    for statement in [
-        &chargeonce::db::charges::STATEMENTS.record_outcomes,
-        &chargeonce::db::refunds::STATEMENTS.record_outcomes,
-    ] {
-        while notices.try_recv().is_ok() {}
-        let merchant = uuid::Uuid::now_v7();
-        let ids = vec![uuid::Uuid::now_v7(), uuid::Uuid::now_v7()];
-        let none = vec![None::<&str>; 2];
-        let changed = client
-            .query(
-                statement.sql,
-                &[
-                    &merchant,
-                    &ids,
-                    &vec!["succeeded"; 2],
-                    &none,
-                    &none,
-                    &vec![Some("pay_x"); 2],
-                    &vec![uuid::Uuid::now_v7(), uuid::Uuid::now_v7()],
-                    &vec![tokio_postgres::types::Json(serde_json::json!({})); 2],
-                ],
-            )
-            .await
-            .unwrap();
-        assert!(changed.is_empty(), "no such records: nothing changed");
-        let mut sent = Vec::new();
-        while let Ok(notice) = notices.try_recv() {
-            if notice.contains("issuing") {
-                sent.push(notice);
-            }
-        }
-        assert!(
-            sent.len() == 1 && sent[0].contains("_outcomes("),
-            "one command, the call itself: {sent:#?}"
-        );
-    }
 }
 
 /// A literal of `kind` for a statement run with written-in values.

@@ -30,20 +30,16 @@ fn charge_of(received: &Received) -> String {
 }
 
 /// The most another merchant's event may take to arrive while one merchant
-/// floods its endpoints: 2 s on one PostgreSQL. Through PgBouncer in
-/// transaction mode every statement is planned at each execution, and the
-/// flood's rounds take longer: 4 s there (measured alone: 1.4-2.7 s). On
-/// Citus every statement is a few round trips between three PostgreSQL
-/// servers that share the test machine's cores with the service, and each
-/// attempt is a transaction of a few statements (each reaching one worker),
-/// so the bound is 8 s there (measured alone: 4.5-5.6 s). What the test
-/// guards, that the flood does not hold the other merchant up until it has
-/// drained (tens of seconds, and without bound before), holds alike.
+/// floods its endpoints: 2 s on one PostgreSQL. On Citus every statement is
+/// a few round trips between three PostgreSQL servers that share the test
+/// machine's cores with the service, and each attempt and outcome is a
+/// transaction of a few statements (each reaching one worker), so the bound
+/// is 8 s there (measured alone: 4.5-5.6 s); what the
+/// test guards, that the flood does not hold the other merchant up until
+/// it has drained (tens of seconds, and without bound before), holds alike.
 async fn other_merchants_bound() -> Duration {
     if chargeonce_testkit::on_citus().await {
         Duration::from_secs(8)
-    } else if crate::helpers::through_pgbouncer().is_some() {
-        Duration::from_secs(4)
     } else {
         Duration::from_secs(2)
     }

@@ -81,9 +81,8 @@ impl Captured {
             );
         }
         let mut seen: Vec<&str> = Vec::new();
-        // BEGIN and COMMIT (of an unknown outcome, a disabled endpoint, a
-        // round of background work) are round trips, not statements of a
-        // script.
+        // BEGIN and COMMIT (one per outcome, or per batch of them) are
+        // round trips, not statements of a script.
         let background = |s: &Seen| s.constant.is_some_and(|c| BACKGROUND.contains(&c));
         let control = |s: &Seen| s.constant == Some(TRANSACTION_CONTROL);
         let per_request =
@@ -144,8 +143,8 @@ pub async fn capture(
 /// What [`identify`] calls BEGIN, COMMIT and ROLLBACK.
 const TRANSACTION_CONTROL: &str = "Conn::transaction";
 
-/// The known constant a captured text is. The BEGIN and COMMIT of
-/// `db::Conn::transaction` are known too.
+/// The known constant a captured text is. The outcomes are transactions
+/// (`db::Conn::transaction`): their BEGIN and COMMIT are known.
 fn identify(text: &str) -> Option<&'static str> {
     let captured = shape(text);
     if ["BEGIN", "COMMIT", "ROLLBACK"].contains(&captured.as_str()) {
@@ -186,16 +185,16 @@ mod tests {
     #[test]
     fn a_captured_text_is_its_constant_and_no_two_constants_look_alike() {
         // As pg_stat_statements stores it: its literals as further $n.
-        let sql = charges::STATEMENTS.record_unknown.sql;
-        let mut next = charges::STATEMENTS.record_unknown.params.len();
+        let sql = charges::STATEMENTS.record_outcome.sql;
+        let mut next = charges::STATEMENTS.record_outcome.params.len();
         let literal = Regex::new("'[^']*'").unwrap();
         let captured = literal.replace_all(sql, |_: &regex::Captures| {
             next += 1;
             format!("${next}")
         });
         assert_ne!(captured, sql);
-        assert_eq!(identify(&captured), Some("charges::RECORD_UNKNOWN"));
-        assert_eq!(identify(sql), Some("charges::RECORD_UNKNOWN"));
+        assert_eq!(identify(&captured), Some("charges::RECORD_OUTCOME"));
+        assert_eq!(identify(sql), Some("charges::RECORD_OUTCOME"));
         assert_eq!(identify("SELECT $1 FROM pg_class"), None);
         assert_eq!(identify("COMMIT"), Some("Conn::transaction"));
         let known = db::ALL_STATEMENTS;
@@ -213,11 +212,11 @@ mod tests {
     #[test]
     fn the_request_path_must_be_what_the_script_runs() {
         let (insert, outcome) =
-            (charges::INSERT_OR_FIND.sql, charges::STATEMENTS.record_outcomes.sql);
+            (charges::INSERT_OR_FIND.sql, charges::STATEMENTS.record_outcome.sql);
         let captured = |rows: &[(&str, i64)]| {
             Captured::new(rows.iter().map(|(t, c)| ((*t).to_owned(), *c)).collect(), 100)
         };
-        let expected = ["charges::INSERT_OR_FIND", "charges::RECORD_OUTCOMES"];
+        let expected = ["charges::INSERT_OR_FIND", "charges::RECORD_OUTCOME"];
         let lookup = chargeonce::db::merchants::FIND_BY_DIGEST.sql;
         let fan_out = chargeonce::db::events::FAN_OUT.sql;
         let same =

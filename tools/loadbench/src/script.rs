@@ -8,9 +8,9 @@
 //!   type, as the service's typed parameters are. The insert is its own
 //!   transaction (autocommit), as in the service; `\gset` carries the
 //!   charge id from it into the outcome, as the service carries it, and
-//!   makes pgbench fail if it finds no row. The outcome, with its event,
-//!   is one call of `record_charge_outcomes` (autocommit), as the service
-//!   makes it.
+//!   makes pgbench fail if it finds no row. The outcome, its event and the
+//!   event's queue row are one transaction sent as one pipeline with BEGIN,
+//!   then COMMIT, as the service sends them.
 //! - **the floor**: the least SQL this design can cost (one insert and one
 //!   update for a new charge, one unique-index lookup for a replay) on a
 //!   minimal table of its own, written here as it is. It does not change
@@ -25,6 +25,7 @@ use std::sync::LazyLock;
 
 use anyhow::{bail, ensure, Context as _, Result};
 use chargeonce::db::charges::{INSERT_OR_FIND, STATEMENTS};
+use chargeonce::db::events::QUEUE;
 use chargeonce::db::Statement;
 use chargeonce::domain::Status;
 use regex::Regex;
@@ -35,7 +36,12 @@ use crate::scenario::POOL_KEY_PREFIX;
 
 /// The constants a new charge runs, in order (capture checks the service
 /// runs exactly these per request).
-pub const NEW_CHARGE_STATEMENTS: &[&str] = &["charges::INSERT_OR_FIND", "charges::RECORD_OUTCOMES"];
+pub const NEW_CHARGE_STATEMENTS: &[&str] = &[
+    "charges::INSERT_OR_FIND",
+    "charges::RECORD_OUTCOME",
+    "charges::RECORD_EVENT",
+    "events::QUEUE",
+];
 /// The constants a replay runs.
 pub const REPLAY_STATEMENTS: &[&str] = &["charges::INSERT_OR_FIND"];
 
@@ -178,30 +184,45 @@ fn insert_or_find_values(key: Value) -> Vec<Value> {
 }
 
 /// A new charge with the service's own SQL: a fresh key per run, the
-/// pending charge inserted, then its outcome recorded with its outbox event
-/// by one call (a batch of one). The event's id is the charge's (unique
-/// among the benchmark's events: one per charge).
+/// pending charge inserted, then its outcome, its outbox event and the
+/// event's queue row recorded in one transaction. The event's id is the
+/// charge's (unique among the benchmark's events: one per charge).
 pub fn own_sql_new() -> Result<String> {
     let key = Value::drawn("k", &format!("random(1, {RANDOM_MAX})"), "'pgb-' || :run || '-' || :k");
     let (merchant, id) = (Value::var("claim_merchant_id"), Value::var("claim_id"));
     let mut text = String::new();
-    heading(&mut text, 1, 2, NEW_CHARGE_STATEMENTS[0]);
+    heading(&mut text, 1, 4, NEW_CHARGE_STATEMENTS[0]);
     text.push_str(&statement_lines(&INSERT_OR_FIND, &insert_or_find_values(key), Some("claim_"))?);
-    heading(&mut text, 2, 2, NEW_CHARGE_STATEMENTS[1]);
+    text.push_str("\\startpipeline\nBEGIN;\n");
+    heading(&mut text, 2, 4, NEW_CHARGE_STATEMENTS[1]);
     text.push_str(&statement_lines(
-        &STATEMENTS.record_outcomes,
+        &STATEMENTS.record_outcome,
         &[
-            merchant,
+            merchant.clone(),
             id.clone(),
             Value::var("status"),
             Value::sql("NULL"), // failure_code
             Value::sql("NULL"), // failure_message
             Value::sql(PAYMENT_ID_SQL),
-            id,
-            Value::var("payload"),
         ],
         None,
     )?);
+    heading(&mut text, 3, 4, NEW_CHARGE_STATEMENTS[2]);
+    text.push_str(&statement_lines(
+        &STATEMENTS.record_event,
+        &[
+            merchant.clone(),
+            id.clone(),
+            id.clone(),
+            Value::var("payload"),
+            Value::var("status"),
+            Value::sql("0"), // processor attempts at least
+        ],
+        None,
+    )?);
+    heading(&mut text, 4, 4, NEW_CHARGE_STATEMENTS[3]);
+    text.push_str(&statement_lines(&QUEUE, &[merchant, id], None)?);
+    text.push_str("\\endpipeline\nCOMMIT;\n");
     Ok(text)
 }
 
@@ -343,11 +364,10 @@ mod tests {
         let new = own_sql_new().unwrap();
         assert!(new.contains("\\set k random(1, 9223372036854775806)\n"));
         assert!(new.contains("('pgb-' || :run || '-' || :k)::text"));
-        assert!(new.contains(" \\gset claim_\n"));
-        assert!(new.contains(
-            "FROM record_charge_outcomes(:claim_merchant_id::uuid, ARRAY[:claim_id::uuid], \
-             ARRAY[:status::text]"
-        ));
+        assert!(new.contains(" \\gset claim_\n") && new.contains("\\startpipeline\nBEGIN;"));
+        assert!(
+            new.contains("WHERE merchant_id = :claim_merchant_id::uuid AND id = :claim_id::uuid")
+        );
         assert!(!new.contains('$'), "{new}");
         let replay = own_sql_replay(20_000).unwrap();
         assert!(
