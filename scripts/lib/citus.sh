@@ -299,3 +299,109 @@ citus_test_pass() {
     say "the API suite again, on Citus: a coordinator and two workers (scripts/citus)"
     TEST_DATABASE_URL="$(citus_url postgres)" cargo test --locked --features crash-points --test api
 }
+
+# The same load on chargeonce over the Citus cluster and over plain
+# PostgreSQL, one after the other (docs/scaling.md, "Measured"): new
+# charges (a fresh key each) and replays (one key) at 32 connections, by
+# wrk, through the release binary with its defaults (simulated processor,
+# RUST_LOG=warn). Plain PostgreSQL: CITUS_BENCH_PLAIN_URL (any database of
+# the server; default the machine's 127.0.0.1:5432), where a database of
+# its own is created and dropped. On Citus it also counts, from
+# citus_stat_counters, the statements the coordinator ran on one shard
+# (they named one merchant) and those it ran on several.
+citus_bench() {
+    command -v wrk >/dev/null || {
+        [[ $(id -u) -eq 0 ]] || die "wrk is missing: apt-get install wrk"
+        apt-get install -y -qq wrk >/dev/null
+    }
+    cargo build --release --locked --bin chargeonce >&2
+    local plain_admin=${CITUS_BENCH_PLAIN_URL:-postgres://postgres@127.0.0.1:5432/postgres}
+    local plain_db=chargeonce_citus_bench_plain
+    psql -X -q "$plain_admin" -c "DROP DATABASE IF EXISTS $plain_db" -c "CREATE DATABASE $plain_db"
+    local work
+    work=$(mktemp -d)
+    # Each request a fresh key (per wrk thread, counter); or always one.
+    cat >"$work/new.lua" <<'LUA'
+local counter, thread_id = 0, 0
+setup = function(thread) thread:set("tid", thread_id); thread_id = thread_id + 1 end
+init = function() prefix = "k" .. tid .. "-" .. os.time() .. "-" end
+request = function()
+  counter = counter + 1
+  wrk.headers["Idempotency-Key"] = prefix .. counter
+  return wrk.format("POST", "/v1/charges", nil, '{"amount": 1000, "currency": "USD"}')
+end
+LUA
+    cat >"$work/replay.lua" <<'LUA'
+request = function()
+  wrk.headers["Idempotency-Key"] = "replay-one"
+  return wrk.format("POST", "/v1/charges", nil, '{"amount": 1000, "currency": "USD"}')
+end
+LUA
+    local plain_url=${plain_admin%/*}/$plain_db
+    echo "| database | new charges/s | new p50 / p99 ms | replays/s | replay p99 ms | non-2xx |"
+    echo "|---|---:|---:|---:|---:|---:|"
+    citus_bench_one "$work" "Citus: coordinator + 2 workers" "$(citus_url)" 18441 citus
+    citus_bench_one "$work" "PostgreSQL" "$plain_url" 18442
+    psql -X -q "$plain_admin" -c "DROP DATABASE IF EXISTS $plain_db"
+    echo
+    cat "$work/shards.txt"
+    rm -rf "$work"
+}
+
+# One row of citus_bench's table: WORK LABEL DATABASE_URL PORT [citus].
+# With `citus`, the shard counts of the new charges' run go to
+# WORK/shards.txt.
+citus_bench_one() {
+    local work=$1 label=$2 url=$3 port=$4 citus=${5:-} bin=target/release/chargeonce
+    DATABASE_URL=$url "$bin" migrate >/dev/null
+    local key
+    key=$(DATABASE_URL=$url "$bin" merchant create "bench $(date +%s)")
+    DATABASE_URL=$url CHARGEONCE__SERVER__PORT=$port RUST_LOG=warn "$bin" serve >"$work/service-$port.log" 2>&1 &
+    local pid=$!
+    local base=http://127.0.0.1:$port
+    for _ in $(seq 100); do curl -sf "$base/readyz" >/dev/null && break; sleep 0.1; done
+    local args=(-t2 -c32 --latency -H "Authorization: Bearer $key" -H "Content-Type: application/json")
+    wrk "${args[@]}" -d3s -s "$work/new.lua" "$base" >/dev/null # warm-up
+    [[ -n $citus ]] && citus_bench_reset_counters "$url"
+    wrk "${args[@]}" -d20s -s "$work/new.lua" "$base" >"$work/new.txt"
+    [[ -n $citus ]] && citus_bench_shards "$url" "$(awk '/requests in/ {print $1}' "$work/new.txt")" >"$work/shards.txt"
+    # The replayed charge exists before its replays start.
+    curl -sf -o /dev/null -X POST "${args[@]:3}" -H "Idempotency-Key: replay-one" \
+        -d '{"amount": 1000, "currency": "USD"}' "$base/v1/charges"
+    wrk "${args[@]}" -d10s -s "$work/replay.lua" "$base" >"$work/replay.txt"
+    kill "$pid"
+    wait "$pid" 2>/dev/null || true
+    local field='/Requests\/sec/ {r=$2} / 50%/ {p50=$2} / 99%/ {p99=$2} /Non-2xx/ {bad=$5}'
+    local new replay
+    new=$(awk "$field END {print r, p50, p99, bad+0}" "$work/new.txt")
+    replay=$(awk "$field END {print r, p99, bad+0}" "$work/replay.txt")
+    read -r new_rate new_p50 new_p99 new_bad <<<"$new"
+    read -r replay_rate replay_p99 replay_bad <<<"$replay"
+    echo "| $label | ${new_rate%.*} | $new_p50 / $new_p99 | ${replay_rate%.*} | $replay_p99 | $((new_bad + replay_bad)) |"
+    if ((new_bad + replay_bad > 0)); then
+        say "$label: answers other than 2xx; the service's warnings:"
+        grep -E 'WARN|ERROR' "$work/service-$port.log" | tail -n 5 >&2
+    fi
+}
+
+# Counts, from now on, the statements the coordinator runs on one shard
+# and on several (citus_stat_counters, off by default).
+citus_bench_reset_counters() {
+    citus_psql 0 postgres -c 'ALTER SYSTEM SET citus.enable_stat_counters = on' \
+        -c 'SELECT pg_reload_conf()' >/dev/null
+    sleep 0.2
+    psql -X -q "$1" -c 'SELECT citus_stat_counters_reset(oid) FROM pg_database WHERE datname = current_database()' >/dev/null
+}
+
+# The statements of the last run by how many shards Citus ran them on
+# (DATABASE_URL REQUESTS): one (the statement named one merchant) or
+# several (the background workers' reads across merchants).
+citus_bench_shards() {
+    local requests=$2 one several
+    read -r one several < <(psql -X -A -F ' ' -t "$1" -c "
+        SELECT query_execution_single_shard, query_execution_multi_shard
+          FROM citus_stat_counters WHERE name = current_database()")
+    echo "On Citus, during the $requests new charges: $one statements ran on one shard" \
+        "($(awk "BEGIN {printf \"%.2f\", $one / $requests}") per new charge), $several on several" \
+        "(the background workers' reads across merchants, about one per worker round)."
+}
