@@ -27,13 +27,24 @@ use super::{Conn, DbError, Statement};
 use crate::domain::{Event, EventId, EventType, MerchantId};
 
 /// Queues the merchant `$1`'s event `$2` for the fan-out if this
-/// transaction wrote it: the writers add an event only when its state
-/// change happened (a unique index refuses a second one), and this reads
-/// the event back instead of being told, so both can be sent together.
-/// So an event is in the queue exactly when it committed.
+/// transaction wrote it and a live endpoint of the merchant wants its type:
+/// the writers add an event only when its state change happened (a unique
+/// index refuses a second one), and this reads the event back instead of
+/// being told, so both can be sent together. So an event is in the queue
+/// exactly when it committed and has somewhere to go. An event no endpoint
+/// wants costs no queue row and no fan-out, so a merchant without endpoints
+/// pays for neither (fanning out every event took a third of the new
+/// charges' throughput on 2 cores: BENCHMARKS.md, "Decisions the
+/// measurements shaped"). An endpoint gets the events that commit once it
+/// exists.
 pub const QUEUE: Statement = Statement {
     sql: "INSERT INTO event_queue (event_id, merchant_id, type) \
-          SELECT id, merchant_id, type FROM events WHERE merchant_id = $1 AND id = $2",
+          SELECT ev.id, ev.merchant_id, ev.type FROM events ev \
+           WHERE ev.merchant_id = $1 AND ev.id = $2 \
+             AND EXISTS (SELECT 1 FROM webhook_endpoints e \
+                          WHERE e.merchant_id = $1 \
+                            AND e.deleted_at IS NULL AND e.disabled_at IS NULL \
+                            AND (e.event_types IS NULL OR ev.type = ANY (e.event_types)))",
     params: &[Type::UUID, Type::UUID],
 };
 

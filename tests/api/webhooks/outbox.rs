@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::{fast, NOWHERE};
 use crate::helpers::{charge_body, spawn_app_with};
-use crate::webhook_receiver::{create_endpoint, Receiver};
+use crate::webhook_receiver::{create_endpoint, delete_endpoint, Receiver};
 
 #[tokio::test]
 async fn retention_deletes_old_delivered_events_and_keeps_the_rest() {
@@ -210,4 +210,51 @@ async fn fanning_out_leaves_the_event_row_as_it_was_written() {
             assert_eq!(locked_by, "0", "{event_type}: the event was locked");
         }
     }
+}
+
+/// An event is queued for the fan-out only when a live endpoint of its
+/// merchant wants its type: a merchant without one pays no fan-out, and an
+/// endpoint sees the events that happen once it exists.
+#[tokio::test]
+async fn an_event_is_queued_only_when_a_live_endpoint_wants_its_type() {
+    let app = spawn_app_with(|s| {
+        // The dispatcher sleeps: the queue keeps what enters it.
+        s.webhooks.interval = Duration::from_secs(3600);
+    })
+    .await;
+    let charge = |key: &'static str| {
+        let app = &app;
+        async move {
+            let made = app.post_charge(key, &charge_body(100)).await;
+            assert_eq!(made.status.as_u16(), 201, "{}", made.body);
+        }
+    };
+    let rows = |table: &'static str| {
+        let app = &app;
+        async move { app.count(&format!("SELECT count(*) FROM {table}")).await }
+    };
+
+    charge("no-endpoint").await;
+    assert_eq!((rows("events").await, rows("event_queue").await), (1, 0));
+
+    create_endpoint(
+        &app.address,
+        &app.api_key,
+        NOWHERE,
+        Some(&["refund.succeeded"]),
+    )
+    .await;
+    charge("refunds-only").await;
+    assert_eq!((rows("events").await, rows("event_queue").await), (2, 0));
+
+    let all = create_endpoint(&app.address, &app.api_key, NOWHERE, None).await;
+    charge("every-type").await;
+    assert_eq!((rows("events").await, rows("event_queue").await), (3, 1));
+
+    // A deleted endpoint wants nothing any more.
+    let (status, answer) =
+        delete_endpoint(&app.address, &app.api_key, all["id"].as_str().unwrap()).await;
+    assert_eq!(status, 200, "{answer}");
+    charge("after-delete").await;
+    assert_eq!((rows("events").await, rows("event_queue").await), (4, 1));
 }
