@@ -3,11 +3,12 @@
 //! psp-sim's ledger (`snapshot`), and the receiver (what webhooks arrived);
 //! plus what the clients were told.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 
-use crate::snapshot::{ChargeRow, Ledger, RefundRow, Snapshot};
+use crate::receiver::Tally;
+use crate::snapshot::{Ledger, Row, Snapshot};
 use crate::workload::{Kind, Outage, Outcome, Record};
 
 /// One invariant's result: how many things it looked at, and every
@@ -28,13 +29,6 @@ fn text(value: &Value, field: &str) -> String {
     value[field].as_str().unwrap_or_default().to_owned()
 }
 
-/// What the receiver saw: acknowledged (2xx) answers per `webhook-id`, and
-/// ids whose body named another event.
-pub struct Received<'a> {
-    pub acknowledged: &'a HashMap<String, u64>,
-    pub mismatched: &'a [String],
-}
-
 /// What the clients saw.
 pub struct Told<'a> {
     pub records: &'a HashMap<String, Record>,
@@ -45,7 +39,7 @@ pub struct Told<'a> {
 pub fn check(
     db: &Snapshot,
     ledger: &Ledger,
-    received: &Received<'_>,
+    received: &Tally,
     told: &Told<'_>,
     settled: bool,
 ) -> Vec<Verdict> {
@@ -61,64 +55,41 @@ pub fn check(
     ]
 }
 
-/// The rows of each key.
-type ByKey<'a, T> = HashMap<&'a str, Vec<&'a T>>;
-
-/// A charge key's rows, a refund key's rows.
-fn rows_by_key(db: &Snapshot) -> (ByKey<'_, ChargeRow>, ByKey<'_, RefundRow>) {
-    let mut charges: ByKey<'_, ChargeRow> = HashMap::new();
-    for charge in &db.charges {
-        if let Some(key) = &charge.key {
-            charges.entry(key).or_default().push(charge);
-        }
-    }
-    let mut refunds: ByKey<'_, RefundRow> = HashMap::new();
-    for refund in &db.refunds {
-        if let Some(key) = &refund.key {
-            refunds.entry(key).or_default().push(refund);
-        }
-    }
-    (charges, refunds)
-}
-
 fn one_row_per_operation(db: &Snapshot, told: &Told<'_>) -> Verdict {
     let mut verdict = Verdict::new("one row per logical operation (idempotency key)");
-    let (charges, refunds) = rows_by_key(db);
+    let mut rows: HashMap<(&str, &str), usize> = HashMap::new();
+    for (what, row) in db.objects() {
+        if let Some(key) = &row.key {
+            *rows.entry((what, key)).or_default() += 1;
+        }
+    }
     for (key, record) in told.records {
         let Some(operation) = &record.operation else {
             continue;
         };
         verdict.checked += 1;
-        let rows = match operation.kind {
-            Kind::Charge => charges.get(key.as_str()).map_or(0, Vec::len),
-            Kind::Refund => refunds.get(key.as_str()).map_or(0, Vec::len),
+        let what = match operation.kind {
+            Kind::Charge => "charge",
+            Kind::Refund => "refund",
         };
+        let rows = rows.get(&(what, key.as_str())).copied().unwrap_or(0);
         let refused = !record.outcomes.is_empty()
             && record.outcomes.iter().all(|o| matches!(o, Outcome::Refused(_)));
-        let unfinished = record.outcomes.is_empty();
-        let expected_ok = if refused {
-            rows == 0
-        } else if unfinished {
-            rows <= 1
-        } else {
-            rows == 1
+        let expected_ok = match (refused, record.outcomes.is_empty()) {
+            (true, _) => rows == 0,
+            (false, true) => rows <= 1,
+            (false, false) => rows == 1,
         };
         if !expected_ok {
-            verdict.violations.push(format!(
-                "{:?} key {key}: {rows} rows{}",
-                operation.kind,
-                if refused { " for a refused request" } else { "" }
-            ));
+            let refused = if refused { " for a refused request" } else { "" };
+            verdict
+                .violations
+                .push(format!("{:?} key {key}: {rows} rows{refused}", operation.kind));
         }
     }
-    for charge in &db.charges {
-        if charge.key.as_ref().is_none_or(|key| !told.records.contains_key(key)) {
-            verdict.violations.push(format!("charge {} has a key no client sent", charge.id));
-        }
-    }
-    for refund in &db.refunds {
-        if refund.key.as_ref().is_none_or(|key| !told.records.contains_key(key)) {
-            verdict.violations.push(format!("refund {} has a key no client sent", refund.id));
+    for (what, row) in db.objects() {
+        if row.key.as_ref().is_none_or(|key| !told.records.contains_key(key)) {
+            verdict.violations.push(format!("{what} {} has a key no client sent", row.id));
         }
     }
     verdict
@@ -136,74 +107,47 @@ fn processor_key(id: &str) -> String {
 fn one_payment_per_operation(db: &Snapshot, ledger: &Ledger) -> Verdict {
     let mut verdict =
         Verdict::new("at most one processor payment per operation, none without its row");
-    // (id, status, key) of each operation: charges against payments,
-    // refunds against refunds.
-    let sides = [
-        (
-            "charge",
-            db.charges
-                .iter()
-                .map(|c| (&c.id, &c.status, &c.processor_payment_id))
-                .collect::<Vec<_>>(),
-            &ledger.payments,
-        ),
-        (
-            "refund",
-            db.refunds
-                .iter()
-                .map(|r| (&r.id, &r.status, &r.processor_refund_id))
-                .collect::<Vec<_>>(),
-            &ledger.refunds,
-        ),
-    ];
-    for (what, rows, book) in sides {
+    // Charges against payments, refunds against refunds.
+    for (what, rows, book) in
+        [("charge", &db.charges, &ledger.payments), ("refund", &db.refunds, &ledger.refunds)]
+    {
         let mut by_key: HashMap<String, Vec<&Value>> = HashMap::new();
         for entry in book {
             by_key.entry(text(entry, "idempotency_key")).or_default().push(entry);
         }
-        let mut known = HashSet::new();
-        for (id, status, processor_id) in rows {
+        for Row { id, status, processor_id, .. } in rows.iter() {
             verdict.checked += 1;
-            let key = processor_key(id);
-            let entries = by_key.get(&key).map(Vec::as_slice).unwrap_or_default();
-            known.insert(key);
+            let entries = by_key.remove(&processor_key(id)).unwrap_or_default();
             if entries.len() > 1 {
                 verdict
                     .violations
                     .push(format!("{what} {id}: {} processor entries", entries.len()));
             }
             let moved = entries.iter().find(|e| text(e, "status") == "succeeded");
-            match status.as_str() {
-                "succeeded" => match moved {
-                    Some(entry) if Some(text(entry, "id")) == *processor_id => {}
-                    Some(entry) => verdict.violations.push(format!(
-                        "{what} {id}: succeeded with {processor_id:?}, the processor has {}",
-                        text(entry, "id")
-                    )),
-                    None => verdict
-                        .violations
-                        .push(format!("{what} {id}: succeeded, the processor has no such {what}")),
-                },
-                "failed" => {
-                    if let Some(entry) = moved {
-                        verdict.violations.push(format!(
-                            "{what} {id}: failed, yet the processor made {}",
-                            text(entry, "id")
-                        ));
-                    }
-                }
+            match (status.as_str(), moved) {
+                ("succeeded", Some(entry)) if Some(text(entry, "id")) == *processor_id => {}
+                ("succeeded", Some(entry)) => verdict.violations.push(format!(
+                    "{what} {id}: succeeded with {processor_id:?}, the processor has {}",
+                    text(entry, "id")
+                )),
+                ("succeeded", None) => verdict
+                    .violations
+                    .push(format!("{what} {id}: succeeded, the processor has no such {what}")),
+                ("failed", Some(entry)) => verdict.violations.push(format!(
+                    "{what} {id}: failed, yet the processor made {}",
+                    text(entry, "id")
+                )),
                 _ => {}
             }
         }
+        // What is left has no row.
         for (key, entries) in &by_key {
-            if !known.contains(key) {
-                for entry in entries {
-                    verdict.violations.push(format!(
-                        "processor {what} {} (key {key}, {}) has no {what} row",
-                        text(entry, "id"),
-                        text(entry, "status")
-                    ));
-                }
+            for entry in entries {
+                verdict.violations.push(format!(
+                    "processor {what} {} (key {key}, {}) has no {what} row",
+                    text(entry, "id"),
+                    text(entry, "status")
+                ));
             }
         }
     }
@@ -212,12 +156,11 @@ fn one_payment_per_operation(db: &Snapshot, ledger: &Ledger) -> Verdict {
 
 fn all_final(db: &Snapshot, told: &Told<'_>, settled: bool) -> Verdict {
     let mut verdict = Verdict::new("every charge and refund final within the bound");
-    verdict.checked = db.charges.len() + db.refunds.len();
-    for charge in db.charges.iter().filter(|c| c.status == "pending") {
-        verdict.violations.push(format!("charge {} still pending", charge.id));
-    }
-    for refund in db.refunds.iter().filter(|r| r.status == "pending") {
-        verdict.violations.push(format!("refund {} still pending", refund.id));
+    for (what, row) in db.objects() {
+        verdict.checked += 1;
+        if row.status == "pending" {
+            verdict.violations.push(format!("{what} {} still pending", row.id));
+        }
     }
     for (key, record) in told.records {
         if record.outcomes.is_empty() && record.operation.is_some() {
@@ -234,7 +177,7 @@ fn no_over_refund(db: &Snapshot, ledger: &Ledger) -> Verdict {
     let mut verdict = Verdict::new("no refunded total exceeds its charge");
     let mut refunded: HashMap<&str, (i64, i64)> = HashMap::new();
     for refund in &db.refunds {
-        let entry = refunded.entry(&refund.charge_id).or_default();
+        let entry = refunded.entry(refund.charge_id.as_deref().unwrap_or_default()).or_default();
         match refund.status.as_str() {
             "succeeded" => {
                 entry.0 += refund.amount;
@@ -286,12 +229,7 @@ fn one_event_per_change(db: &Snapshot) -> Verdict {
     for event in &db.events {
         *events.entry((&event.object, &event.kind)).or_default() += 1;
     }
-    let objects = db
-        .charges
-        .iter()
-        .map(|c| ("charge", &c.id, &c.status, c.processor_attempts))
-        .chain(db.refunds.iter().map(|r| ("refund", &r.id, &r.status, r.processor_attempts)));
-    for (what, id, status, unknown_answers) in objects {
+    for (what, Row { id, status, processor_attempts: unknown_answers, .. }) in db.objects() {
         verdict.checked += 1;
         for state in ["pending", "succeeded", "failed"] {
             let kind = format!("{what}.{state}");
@@ -299,7 +237,7 @@ fn one_event_per_change(db: &Snapshot) -> Verdict {
             // `pending` is a change once the first answer was unknown;
             // the final state is one once reached.
             let expected = match state {
-                "pending" => usize::from(unknown_answers > 0),
+                "pending" => usize::from(*unknown_answers > 0),
                 final_state => usize::from(status == final_state),
             };
             if count != expected {
@@ -312,7 +250,7 @@ fn one_event_per_change(db: &Snapshot) -> Verdict {
     verdict
 }
 
-fn events_received(db: &Snapshot, received: &Received<'_>) -> Verdict {
+fn events_received(db: &Snapshot, received: &Tally) -> Verdict {
     let mut verdict = Verdict::new("every event reached the receiver (2xx) at least once");
     for event in &db.events {
         verdict.checked += 1;
@@ -325,7 +263,7 @@ fn events_received(db: &Snapshot, received: &Received<'_>) -> Verdict {
     for delivery in &db.undelivered {
         verdict.violations.push(format!("delivery {delivery}"));
     }
-    for id in received.mismatched {
+    for id in &received.mismatched {
         verdict.violations.push(format!("webhook-id {id}: the body is another event"));
     }
     verdict
@@ -363,12 +301,8 @@ pub fn worker_outage(outage: &Outage) -> Verdict {
 
 fn same_key_same_answer(db: &Snapshot, told: &Told<'_>) -> Verdict {
     let mut verdict = Verdict::new("one key, one answer, as recorded");
-    let status_of: HashMap<&str, &str> = db
-        .charges
-        .iter()
-        .map(|c| (c.id.as_str(), c.status.as_str()))
-        .chain(db.refunds.iter().map(|r| (r.id.as_str(), r.status.as_str())))
-        .collect();
+    let status_of: HashMap<&str, &str> =
+        db.objects().map(|(_, row)| (row.id.as_str(), row.status.as_str())).collect();
     for (key, record) in told.records {
         let Some(first) = record.outcomes.first() else {
             continue;
@@ -408,24 +342,25 @@ mod tests {
     /// events, its payment and refund at the processor, all received.
     fn world() -> World {
         let db = Snapshot {
-            charges: vec![ChargeRow {
+            charges: vec![Row {
                 id: CHARGE.to_owned(),
                 key: Some("k-charge".to_owned()),
                 status: "succeeded".to_owned(),
                 amount: 1000,
                 amount_refunded: 400,
                 refunds_reserved: 400,
-                processor_payment_id: Some("pay_1".to_owned()),
-                processor_attempts: 0,
+                processor_id: Some("pay_1".to_owned()),
+                ..Row::default()
             }],
-            refunds: vec![RefundRow {
+            refunds: vec![Row {
                 id: REFUND.to_owned(),
-                charge_id: CHARGE.to_owned(),
+                charge_id: Some(CHARGE.to_owned()),
                 key: Some("k-refund".to_owned()),
                 status: "succeeded".to_owned(),
                 amount: 400,
-                processor_refund_id: Some("rf_1".to_owned()),
+                processor_id: Some("rf_1".to_owned()),
                 processor_attempts: 1,
+                ..Row::default()
             }],
             events: [
                 ("evt_1", "charge.succeeded", CHARGE),
@@ -478,7 +413,7 @@ mod tests {
         check(
             db,
             ledger,
-            &Received { acknowledged, mismatched: &[] },
+            &Tally { acknowledged: acknowledged.clone(), ..Tally::default() },
             &Told { records, bad_answers },
             true,
         )
@@ -532,14 +467,14 @@ mod tests {
     #[test]
     fn a_500_and_a_second_row_for_a_key_are_violations() {
         let (mut db, ledger, acknowledged, records) = world();
-        let mut twin = ChargeRow {
+        let twin = Row {
             id: "ch_0000000000000000000000000000000d".to_owned(),
+            status: "failed".to_owned(),
+            processor_id: None,
+            amount_refunded: 0,
+            refunds_reserved: 0,
             ..db.charges[0].clone()
         };
-        twin.processor_payment_id = None;
-        twin.status = "failed".to_owned();
-        twin.amount_refunded = 0;
-        twin.refunds_reserved = 0;
         db.charges.push(twin);
         db.events.push(EventRow {
             id: "evt_4".to_owned(),

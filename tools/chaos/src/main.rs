@@ -32,7 +32,7 @@ use chargeonce_testkit::{Chargeonce, Citus, Proxy, Server, TestDatabase};
 use clap::Parser;
 use tokio::sync::Mutex;
 
-use crate::checks::{Received, Told};
+use crate::checks::Told;
 use crate::snapshot::{Ledger, Snapshot};
 use crate::stack::Instance;
 use crate::workload::{lock, Kind, Shared};
@@ -144,8 +144,9 @@ async fn run(args: Args) -> Result<bool> {
     let database = TestDatabase::empty_on(&server.node().url("postgres")).await;
     let direct_url = database.url.clone();
     binary.run(&direct_url, &["migrate"]).await.map_err(anyhow::Error::msg)?;
-    let (db, _connection) = connect(&direct_url).await?;
-    let merchants = stack::create_merchants(&binary, &db, &direct_url, &workers).await?;
+    let merchants =
+        stack::create_merchants(&binary, &connect(&direct_url).await?, &direct_url, &workers)
+            .await?;
     let on_stopped = merchants.iter().filter(|(_, stopped)| *stopped).count();
     if args.citus {
         say(&format!("{} merchants, {on_stopped} on the worker that stops", merchants.len()));
@@ -153,7 +154,6 @@ async fn run(args: Args) -> Result<bool> {
 
     let psp = stack::start_psp_sim(&binary, &out, seed).await?;
     let receiver = receiver::Receiver::start(seed).await?;
-
     let mut instances = Vec::new();
     for index in 0..INSTANCES {
         let listen = "127.0.0.1:0".parse().context("an address")?;
@@ -220,22 +220,14 @@ async fn run(args: Args) -> Result<bool> {
     shared.resume_unfinished(calm + bound).await;
 
     // A new connection: the first one ended with the restart.
-    let (db, _connection) = connect(&direct_url).await?;
-    let (settled, snapshot) = settle(&db, &receiver, calm, bound).await?;
+    let (settled, snapshot) = settle(&connect(&direct_url).await?, &receiver, calm, bound).await?;
     let settle_time = calm.elapsed();
     let ledger = Ledger::read(&psp.url).await?;
 
     let records = std::mem::take(&mut *lock(&shared.records));
-    let bad_answers = lock(&shared.bad_answers).clone();
-    let mut verdicts = receiver.with_tally(|tally| {
-        checks::check(
-            &snapshot,
-            &ledger,
-            &Received { acknowledged: &tally.acknowledged, mismatched: &tally.mismatched },
-            &Told { records: &records, bad_answers: &bad_answers },
-            settled,
-        )
-    });
+    let told = Told { records: &records, bad_answers: &lock(&shared.bad_answers).clone() };
+    let tally = receiver.tally();
+    let mut verdicts = checks::check(&snapshot, &ledger, &tally, &told, settled);
     let outage = std::mem::take(&mut *lock(&shared.outage));
     if worker_down.is_some() {
         verdicts.push(checks::worker_outage(&outage));
@@ -245,129 +237,129 @@ async fn run(args: Args) -> Result<bool> {
     let operations = records.values().filter_map(|r| r.operation.as_ref());
     let charges_ops = operations.clone().filter(|o| o.kind == Kind::Charge).count();
     let burst_ops = operations.filter(|o| o.burst).count();
-    let (arrived, answered_500, dropped, acknowledged) = receiver.with_tally(|tally| {
-        (tally.arrived, tally.answered_500, tally.dropped, tally.acknowledged.len())
-    });
     let n = |count: &std::sync::atomic::AtomicUsize| count.load(Ordering::Relaxed);
-    let rows = [
-        (
-            "operations",
-            format!(
-                "{} logical: {charges_ops} charges ({burst_ops} sent as bursts to all {INSTANCES} \
-             instances at once), {} refunds ({} refund races); {} attempts",
-                records.len(),
-                records.len() - charges_ops,
-                n(&shared.refund_races),
-                n(&shared.attempts)
-            ),
-        ),
-        ("answers by status", describe(&lock(&shared.statuses))),
-        (
-            "database faults",
-            format!(
-                "{} cuts, {} stalls (partitions) of an instance's connections; 1 immediate \
-             restart of {} (down {pg_down:.1?})",
-                n(&counts.cuts),
-                n(&counts.stalls),
-                if args.citus { "the Citus coordinator" } else { "PostgreSQL" }
-            ),
-        ),
-        (
-            "instance crashes",
-            format!(
-                "{} SIGKILLs, {} restarts ({} failed starts retried)",
-                n(&counts.kills),
-                n(&counts.restarts),
-                n(&counts.failed_starts)
-            ),
-        ),
-        (
-            "processor faults",
-            format!(
-                "psp-sim: {:.0} % errors, {:.0} % lost responses, {:.0} % timeouts ({} ms); {} \
-             requests for {} payments and {} refunds",
-                stack::PSP_ERROR_RATE * 100.0,
-                stack::PSP_LOST_RESPONSE_RATE * 100.0,
-                stack::PSP_TIMEOUT_RATE * 100.0,
-                stack::PSP_HANG_MS,
-                ledger.requests(),
-                ledger.payments.len(),
-                ledger.refunds.len()
-            ),
-        ),
-        (
-            "webhook faults",
-            format!(
-                "receiver: {answered_500} answered 500, {dropped} dropped, of {arrived} \
-                 deliveries; {acknowledged} events acknowledged"
-            ),
-        ),
-        (
-            "database at the end",
-            format!(
-                "charges {}; refunds {}; {} events; deliveries {:?}",
-                by_status(snapshot.charges.iter().map(|c| &c.status)),
-                by_status(snapshot.refunds.iter().map(|r| &r.status)),
-                snapshot.events.len(),
-                snapshot.deliveries
-            ),
-        ),
-        (
-            "settled",
-            format!(
-                "{} {settle_time:.1?} after the faults stopped (bound {} s)",
-                if settled { "in" } else { "NOT within" },
-                args.settle_secs
-            ),
-        ),
-    ];
-    let outage_row = worker_down.map(|down| {
-        let [stopped, others] = &outage.answers;
-        let row = format!(
-            "a worker stopped (immediate) for {down:.1?}, other faults paused: its {on_stopped} \
-             merchants got {}; the other {} got {}",
-            describe(stopped),
-            merchants.len() - on_stopped,
-            describe(others)
-        );
-        ("worker outage (Citus)", row)
-    });
-    let on_citus = if args.citus {
-        format!(" on Citus, {} merchants", merchants.len())
-    } else {
-        String::new()
+    let on_citus = match args.citus {
+        true => format!(" on Citus, {} merchants", merchants.len()),
+        false => String::new(),
     };
     let mut report = format!(
         "\n## chaos run{on_citus}: {} s of faults, {clients} customers, seed {seed}\n\n\
          | what | |\n|---|---|\n",
         args.seconds
     );
-    for (name, value) in rows.into_iter().chain(outage_row) {
-        let _ = writeln!(report, "| {name:<24} | {value} |");
+    let mut row = |name: &str, value: String| writeln!(report, "| {name:<24} | {value} |");
+    row(
+        "operations",
+        format!(
+            "{} logical: {charges_ops} charges ({burst_ops} sent as bursts to all {INSTANCES} \
+             instances at once), {} refunds ({} refund races); {} attempts",
+            records.len(),
+            records.len() - charges_ops,
+            n(&shared.refund_races),
+            n(&shared.attempts)
+        ),
+    )?;
+    row("answers by status", describe(&lock(&shared.statuses)))?;
+    let restarted = if args.citus { "the Citus coordinator" } else { "PostgreSQL" };
+    row(
+        "database faults",
+        format!(
+            "{} cuts, {} stalls (partitions) of an instance's connections; 1 immediate \
+             restart of {restarted} (down {pg_down:.1?})",
+            n(&counts.cuts),
+            n(&counts.stalls),
+        ),
+    )?;
+    row(
+        "instance crashes",
+        format!(
+            "{} SIGKILLs, {} restarts ({} failed starts retried)",
+            n(&counts.kills),
+            n(&counts.restarts),
+            n(&counts.failed_starts)
+        ),
+    )?;
+    row(
+        "processor faults",
+        format!(
+            "psp-sim: {:.0} % errors, {:.0} % lost responses, {:.0} % timeouts ({} ms); {} \
+             requests for {} payments and {} refunds",
+            stack::PSP_ERROR_RATE * 100.0,
+            stack::PSP_LOST_RESPONSE_RATE * 100.0,
+            stack::PSP_TIMEOUT_RATE * 100.0,
+            stack::PSP_HANG_MS,
+            ledger.requests(),
+            ledger.payments.len(),
+            ledger.refunds.len()
+        ),
+    )?;
+    row(
+        "webhook faults",
+        format!(
+            "receiver: {} answered 500, {} dropped, of {} deliveries; {} events acknowledged",
+            tally.answered_500,
+            tally.dropped,
+            tally.arrived,
+            tally.acknowledged.len()
+        ),
+    )?;
+    let by_status = |rows: &[snapshot::Row]| {
+        let mut counts = BTreeMap::<_, u64>::new();
+        rows.iter().for_each(|row| *counts.entry(row.status.clone()).or_default() += 1);
+        describe(&counts)
+    };
+    row(
+        "database at the end",
+        format!(
+            "charges {}; refunds {}; {} events; deliveries {:?}",
+            by_status(&snapshot.charges),
+            by_status(&snapshot.refunds),
+            snapshot.events.len(),
+            snapshot.deliveries
+        ),
+    )?;
+    let within = if settled { "in" } else { "NOT within" };
+    row(
+        "settled",
+        format!(
+            "{within} {settle_time:.1?} after the faults stopped (bound {} s)",
+            args.settle_secs
+        ),
+    )?;
+    if let Some(down) = worker_down {
+        let [stopped, others] = &outage.answers;
+        row(
+            "worker outage (Citus)",
+            format!(
+                "a worker stopped (immediate) for {down:.1?}, other faults paused: its \
+                 {on_stopped} merchants got {}; the other {} got {}",
+                describe(stopped),
+                merchants.len() - on_stopped,
+                describe(others)
+            ),
+        )?;
     }
-    let _ = writeln!(report, "\n| invariant | checked | result |\n|---|---|---|");
-    let mut ok = true;
-    for verdict in &verdicts {
-        let result = if verdict.violations.is_empty() {
-            "ok".to_owned()
-        } else {
-            ok = false;
-            format!("VIOLATED ({})", verdict.violations.len())
-        };
-        let _ = writeln!(report, "| {} | {} | {result} |", verdict.name, verdict.checked);
-    }
+    writeln!(report, "\n| invariant | checked | result |\n|---|---|---|")?;
     let mut offenders = String::new();
+    for verdict in &verdicts {
+        let result = match verdict.violations.len() {
+            0 => "ok".to_owned(),
+            count => format!("VIOLATED ({count})"),
+        };
+        writeln!(report, "| {} | {} | {result} |", verdict.name, verdict.checked)?;
+    }
     for verdict in verdicts.iter().filter(|v| !v.violations.is_empty()) {
-        let _ = writeln!(offenders, "\n{}:", verdict.name);
+        writeln!(offenders, "\n{}:", verdict.name)?;
         for (shown, violation) in verdict.violations.iter().enumerate() {
             if shown < SHOWN {
-                let _ = writeln!(report, "- {}: {violation}", verdict.name);
+                writeln!(report, "- {}: {violation}", verdict.name)?;
             }
-            let _ = writeln!(offenders, "  {violation}");
+            writeln!(offenders, "  {violation}")?;
         }
     }
     println!("{report}");
     std::fs::write(out.join("report.md"), format!("{report}{offenders}"))?;
+    let ok = verdicts.iter().all(|verdict| verdict.violations.is_empty());
     say(&format!(
         "{}; report in {}",
         if ok { "every invariant holds" } else { "INVARIANTS VIOLATED" },
@@ -377,33 +369,23 @@ async fn run(args: Args) -> Result<bool> {
 }
 
 /// `{"201": 10, …}` as `201 ×10, …`.
-fn describe(statuses: &BTreeMap<String, u64>) -> String {
-    if statuses.is_empty() {
-        return "none".to_owned();
+fn describe<T: std::fmt::Display>(counts: &BTreeMap<String, T>) -> String {
+    let counts: Vec<String> =
+        counts.iter().map(|(status, count)| format!("{status} ×{count}")).collect();
+    if counts.is_empty() {
+        "none".to_owned()
+    } else {
+        counts.join(", ")
     }
-    statuses
-        .iter()
-        .map(|(status, count)| format!("{status} ×{count}"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
-fn by_status<'a>(statuses: impl Iterator<Item = &'a String>) -> String {
-    let mut counts = BTreeMap::new();
-    for status in statuses {
-        *counts.entry(status.clone()).or_default() += 1;
-    }
-    describe(&counts)
-}
-
-async fn connect(url: &str) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>)> {
+/// A connection to the run's PostgreSQL, served by a task of its own.
+async fn connect(url: &str) -> Result<tokio_postgres::Client> {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .context("connecting to the run's PostgreSQL")?;
-    let task = tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok((client, task))
+    tokio::spawn(connection);
+    Ok(client)
 }
 
 /// Waits until nothing is pending (charges, refunds, deliveries) and every
@@ -416,10 +398,10 @@ async fn settle(
 ) -> Result<(bool, Snapshot)> {
     loop {
         let snapshot = Snapshot::read(db).await?;
-        let unreceived = receiver.with_tally(|tally| {
-            snapshot.events.iter().filter(|e| !tally.acknowledged.contains_key(&e.id)).count()
-        });
-        let settled = snapshot.pending() == 0 && snapshot.undelivered.is_empty() && unreceived == 0;
+        let received = |id: &String| receiver.tally().acknowledged.contains_key(id);
+        let settled = snapshot.pending() == 0
+            && snapshot.undelivered.is_empty()
+            && snapshot.events.iter().all(|event| received(&event.id));
         if settled || calm.elapsed() > bound {
             return Ok((settled, snapshot));
         }
@@ -429,14 +411,11 @@ async fn settle(
 
 /// The merchant's webhook endpoint: every event type, to the receiver.
 async fn create_endpoint(base: &str, secret: &str, url: &str) -> Result<()> {
-    let http = reqwest::Client::new();
-    let body = serde_json::json!({ "url": url }).to_string();
-    let response = http
+    let response = reqwest::Client::new()
         .post(format!("{base}/v1/webhook_endpoints"))
         .bearer_auth(secret)
         .header("Idempotency-Key", "chaos-webhook-endpoint")
-        .header("Content-Type", "application/json")
-        .body(body)
+        .json(&serde_json::json!({ "url": url }))
         .send()
         .await
         .context("creating the webhook endpoint")?;

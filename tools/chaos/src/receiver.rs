@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use anyhow::{Context as _, Result};
 use http_body_util::{BodyExt, Full};
@@ -17,6 +17,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+
+use crate::workload::lock;
 
 /// Share of deliveries answered 500 while faults are on.
 pub const FAIL_RATE: f64 = 0.15;
@@ -90,9 +92,9 @@ impl Receiver {
         self.state.failing.store(false, Ordering::SeqCst);
     }
 
-    /// Runs `f` on what was received so far.
-    pub fn with_tally<T>(&self, f: impl FnOnce(&Tally) -> T) -> T {
-        f(&self.state.tally.lock().unwrap_or_else(|p| p.into_inner()))
+    /// What was received so far.
+    pub fn tally(&self) -> MutexGuard<'_, Tally> {
+        lock(&self.state.tally)
     }
 }
 
@@ -109,12 +111,8 @@ async fn handle(
         .unwrap_or_default()
         .to_owned();
     let body = request.into_body().collect().await.map_err(std::io::Error::other)?.to_bytes();
-    let roll: f64 = if state.failing.load(Ordering::SeqCst) {
-        state.rng.lock().unwrap_or_else(|p| p.into_inner()).gen()
-    } else {
-        1.0
-    };
-    let mut tally = state.tally.lock().unwrap_or_else(|p| p.into_inner());
+    let roll: f64 = if state.failing.load(Ordering::SeqCst) { lock(&state.rng).gen() } else { 1.0 };
+    let mut tally = lock(&state.tally);
     tally.arrived += 1;
     let body_id = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()

@@ -6,41 +6,36 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context as _, Result};
+use serde::Deserialize;
 use serde_json::Value;
 use tokio_postgres::Client as Db;
 
-#[derive(Clone)]
-pub struct ChargeRow {
+/// A charge or a refund row; ids as the API shows them. A refund has its
+/// charge's id and no refunded amounts; a charge has no charge id.
+#[derive(Clone, Default, Deserialize)]
+pub struct Row {
     pub id: String,
+    pub charge_id: Option<String>,
     pub key: Option<String>,
     pub status: String,
     pub amount: i64,
     pub amount_refunded: i64,
     pub refunds_reserved: i64,
-    pub processor_payment_id: Option<String>,
+    /// The processor's payment or refund id.
+    pub processor_id: Option<String>,
     pub processor_attempts: i32,
 }
 
-pub struct RefundRow {
-    pub id: String,
-    pub charge_id: String,
-    pub key: Option<String>,
-    pub status: String,
-    pub amount: i64,
-    pub processor_refund_id: Option<String>,
-    pub processor_attempts: i32,
-}
-
+#[derive(Deserialize)]
 pub struct EventRow {
     pub id: String,
     pub kind: String,
     pub object: String,
 }
 
-/// Everything read from the database; ids as the API shows them.
 pub struct Snapshot {
-    pub charges: Vec<ChargeRow>,
-    pub refunds: Vec<RefundRow>,
+    pub charges: Vec<Row>,
+    pub refunds: Vec<Row>,
     pub events: Vec<EventRow>,
     /// Deliveries by status.
     pub deliveries: BTreeMap<String, i64>,
@@ -53,74 +48,62 @@ fn id(prefix: &str, column: &str) -> String {
     format!("'{prefix}_' || replace({column}::text, '-', '')")
 }
 
+/// The rows of `sql`, read as JSON into `T` by column name.
+async fn rows<T: serde::de::DeserializeOwned>(db: &Db, sql: &str) -> Result<Vec<T>> {
+    let json = format!("SELECT coalesce(json_agg(r), '[]')::text FROM ({sql}) r");
+    let text: String =
+        db.query_one(&json, &[]).await.with_context(|| format!("reading: {sql}"))?.get(0);
+    serde_json::from_str(&text).with_context(|| format!("reading: {sql}"))
+}
+
 impl Snapshot {
     pub async fn read(db: &Db) -> Result<Self> {
-        let query = |sql: String| async move {
-            db.query(&sql, &[]).await.with_context(|| format!("reading: {sql}"))
-        };
-        let charges = query(format!(
-            "SELECT {}, client_idempotency_key, status, amount, amount_refunded, refunds_reserved, \
-                    processor_payment_id, processor_attempts FROM charges",
+        let charges = format!(
+            "SELECT {} AS id, client_idempotency_key AS key, status, amount, amount_refunded, \
+                    refunds_reserved, processor_payment_id AS processor_id, processor_attempts \
+               FROM charges",
             id("ch", "id")
-        ))
-        .await?;
-        let charges = (charges.iter())
-            .map(|row| ChargeRow {
-                id: row.get(0),
-                key: row.get(1),
-                status: row.get(2),
-                amount: row.get(3),
-                amount_refunded: row.get(4),
-                refunds_reserved: row.get(5),
-                processor_payment_id: row.get(6),
-                processor_attempts: row.get(7),
-            })
-            .collect();
-        let refunds = query(format!(
-            "SELECT {}, {}, client_idempotency_key, status, amount, processor_refund_id, \
-                    processor_attempts FROM refunds",
+        );
+        let refunds = format!(
+            "SELECT {} AS id, {} AS charge_id, client_idempotency_key AS key, status, amount, \
+                    0 AS amount_refunded, 0 AS refunds_reserved, \
+                    processor_refund_id AS processor_id, processor_attempts FROM refunds",
             id("re", "id"),
             id("ch", "charge_id")
-        ))
-        .await?;
-        let refunds = (refunds.iter())
-            .map(|row| RefundRow {
-                id: row.get(0),
-                charge_id: row.get(1),
-                key: row.get(2),
-                status: row.get(3),
-                amount: row.get(4),
-                processor_refund_id: row.get(5),
-                processor_attempts: row.get(6),
-            })
-            .collect();
-        let events = query(format!(
-            "SELECT {}, type, coalesce({}, {}) FROM events",
+        );
+        let events = format!(
+            "SELECT {} AS id, type AS kind, coalesce({}, {}) AS object FROM events",
             id("evt", "id"),
             id("ch", "charge_id"),
             id("re", "refund_id")
-        ))
-        .await?;
-        let events = (events.iter())
-            .map(|row| EventRow { id: row.get(0), kind: row.get(1), object: row.get(2) })
-            .collect();
-        let deliveries =
-            query("SELECT status, count(*) FROM webhook_deliveries GROUP BY status".into()).await?;
-        let deliveries = deliveries.iter().map(|row| (row.get(0), row.get(1))).collect();
-        let undelivered = query(format!(
+        );
+        let undelivered = format!(
             "SELECT {} || ' ' || status || ' ' || coalesce(last_error, '') \
                FROM webhook_deliveries WHERE status <> 'delivered'",
             id("evt", "event_id")
-        ))
-        .await?;
-        let undelivered = undelivered.iter().map(|row| row.get(0)).collect();
-        Ok(Self { charges, refunds, events, deliveries, undelivered })
+        );
+        let deliveries = "SELECT status, count(*) FROM webhook_deliveries GROUP BY status";
+        let query = |sql| async move {
+            db.query(sql, &[]).await.with_context(|| format!("reading: {sql}"))
+        };
+        Ok(Self {
+            charges: rows(db, &charges).await?,
+            refunds: rows(db, &refunds).await?,
+            events: rows(db, &events).await?,
+            deliveries: query(deliveries).await?.iter().map(|r| (r.get(0), r.get(1))).collect(),
+            undelivered: query(&undelivered).await?.iter().map(|r| r.get(0)).collect(),
+        })
+    }
+
+    /// Every charge, then every refund, with what it is.
+    pub fn objects(&self) -> impl Iterator<Item = (&'static str, &Row)> {
+        let charges = self.charges.iter().map(|row| ("charge", row));
+        charges.chain(self.refunds.iter().map(|row| ("refund", row)))
     }
 
     /// Charges and refunds not final yet.
     pub fn pending(&self) -> usize {
-        let charges = self.charges.iter().filter(|c| c.status == "pending").count();
-        charges + self.refunds.iter().filter(|r| r.status == "pending").count()
+        self.objects().filter(|(_, row)| row.status == "pending").count()
     }
 }
 
@@ -132,15 +115,19 @@ pub struct Ledger {
 
 impl Ledger {
     pub async fn read(psp_url: &str) -> Result<Self> {
-        let http = reqwest::Client::new();
-        let list = |what: &'static str| {
-            let request = http.get(format!("{psp_url}/v1/{what}")).send();
-            async move {
-                let list: Value = async { request.await?.error_for_status()?.json().await }
+        let http = &reqwest::Client::new();
+        let list = |what: &'static str| async move {
+            let list: Value = async {
+                http.get(format!("{psp_url}/v1/{what}"))
+                    .send()
+                    .await?
+                    .error_for_status()?
+                    .json()
                     .await
-                    .with_context(|| format!("reading psp-sim's {what}"))?;
-                anyhow::Ok(list["data"].as_array().cloned().unwrap_or_default())
             }
+            .await
+            .with_context(|| format!("reading psp-sim's {what}"))?;
+            anyhow::Ok(list["data"].as_array().cloned().unwrap_or_default())
         };
         Ok(Self { payments: list("payments").await?, refunds: list("refunds").await? })
     }
