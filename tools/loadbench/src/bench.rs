@@ -12,11 +12,10 @@ use chargeonce_testkit::Spawned;
 use crate::capture::{self, Capture};
 use crate::database::{BenchDatabase, Checkpointer, Wal};
 use crate::http::Api;
-use crate::pgbench::{Pgbench, PgbenchRun};
-use crate::report::{ratio, Report, Row};
+use crate::pgbench::Pgbench;
+use crate::report::{Report, Row};
 use crate::scenario::{self, Workload};
 use crate::service::ServiceBinary;
-use crate::stats::Sample;
 use crate::sustain::{self, Sustained};
 use crate::{say, script, Plan};
 
@@ -41,73 +40,47 @@ async fn migrate_and_create_merchant(
 
 /// Sends one request for every key of the replay pool: the first time it
 /// creates the charges, later ones replay them. `doing` names the step.
-async fn send_replay_pool(
-    plan: &Plan,
-    api: &Api,
-    service: &mut Service<'_>,
-    doing: &str,
-) -> Result<()> {
+async fn send_replay_pool(plan: &Plan, api: &Api, doing: &str) -> Result<()> {
     let keys: Vec<String> = (0..plan.pool_size).map(scenario::pool_key).collect();
-    let sent = scenario::send_all(api, POOL_FILL_CONNECTIONS, &keys).await;
-    service.explain(sent).await?.require_success(doing)
+    scenario::send_all(api, POOL_FILL_CONNECTIONS, &keys).await?.require_success(doing)
 }
 
-/// Creates the charges replays re-send, then gathers statistics, as
-/// autovacuum does within a minute on a table in use. Without them, a
-/// generic plan cached while the table was new may look a replay's key up
-/// through the merchant's listing index (reading every charge of the
-/// merchant) until the first autoanalyze, for the service and for pgbench
-/// alike; ANALYZE drops those cached plans.
-async fn fill_replay_pool(
+/// The floor's table, the charges replays re-send, then the pgbench
+/// scripts. The charges are followed by ANALYZE, as autovacuum does within
+/// a minute on a table in use: without statistics, a generic plan cached
+/// while the table was new may look a replay's key up through the
+/// merchant's listing index (reading every charge of the merchant) until
+/// the first autoanalyze, for the service and for pgbench alike; ANALYZE
+/// drops those cached plans (and covers the floor's table).
+async fn prepare_load(
     plan: &Plan,
-    api: &Api,
-    service: &mut Service<'_>,
+    (binary, service, api): (&ServiceBinary, &mut Spawned, &Api),
     db: &BenchDatabase,
-) -> Result<()> {
+    out_dir: &Path,
+) -> Result<Pgbench> {
+    db.create_floor(plan.pool_size).await?;
     say(format!("creating {} charges for the replays", plan.pool_size));
-    send_replay_pool(plan, api, service, "creating the charges for the replays").await?;
-    db.client.batch_execute("ANALYZE").await.context("ANALYZE after creating the replay pool")
-}
-
-/// The instance under load and its binary, to explain a failed request.
-struct Service<'a> {
-    binary: &'a ServiceBinary,
-    process: Spawned,
-}
-
-impl Service<'_> {
-    async fn start<'a>(binary: &'a ServiceBinary, database: &BenchDatabase) -> Service<'a> {
-        Service { binary, process: binary.start(&database.url).await }
-    }
-
-    /// The result of a run against the service, its error explained if the
-    /// service stopped.
-    async fn explain<T>(&mut self, result: Result<T>) -> Result<T> {
-        match result {
-            Ok(value) => Ok(value),
-            Err(error) => Err(self.binary.explain(&mut self.process, error).await),
-        }
-    }
+    let doing = "creating the charges for the replays";
+    binary.explain(service, send_replay_pool(plan, api, doing).await).await?;
+    db.client.batch_execute("ANALYZE").await.context("ANALYZE after creating the replay pool")?;
+    let values = script::ServiceValues::read(&db.client).await?;
+    Pgbench::write_scripts(db.url.clone(), &values, plan, out_dir)
 }
 
 /// The sustained run.
 pub async fn sustain(
     plan: &Plan,
     binary: &ServiceBinary,
-    database: &BenchDatabase,
+    db: &BenchDatabase,
     (length, percent): (Duration, u32),
     out_dir: &Path,
 ) -> Result<Sustained> {
-    let api_key = migrate_and_create_merchant(binary, database).await?;
-    let mut service = Service::start(binary, database).await;
-    let api = Api::new(service.process.port, &api_key)?;
-    database.create_floor(plan.pool_size).await?;
-    fill_replay_pool(plan, &api, &mut service, database).await?;
-    let values = script::ServiceValues::read(&database.client).await?;
-    let pgbench = Pgbench::write_scripts(database.url.clone(), &values, plan, out_dir)?;
-    let (pid, with) = (service.process.pid(), (&api, database, &pgbench));
-    let run = sustain::run(with, plan, pid, length, percent).await;
-    service.explain(run).await
+    let api_key = migrate_and_create_merchant(binary, db).await?;
+    let mut service = binary.start(&db.url).await;
+    let api = Api::new(service.port, &api_key)?;
+    let pgbench = prepare_load(plan, (binary, &mut service, &api), db, out_dir).await?;
+    let run = sustain::run((&api, db, &pgbench), plan, service.pid(), length, percent).await;
+    binary.explain(&mut service, run).await
 }
 
 /// The benchmark: everything between creating the database and dropping it.
@@ -135,30 +108,20 @@ pub async fn measure(
         say(format!("round trips per {flow}: {:.2}", captured.round_trips()));
     }
 
-    // The instance under load, from here to the end. The floor's table
-    // first: the ANALYZE after the pool covers it too.
-    let mut service = Service::start(binary, db).await;
-    let (api, pid) = (Api::new(service.process.port, &api_key)?, service.process.pid());
+    // The instance under load, from here to the end.
+    let mut service = binary.start(&db.url).await;
+    let (api, pid) = (Api::new(service.port, &api_key)?, service.pid());
     // New charges at once, no warm-up: the pools, prepared statements and
     // caches as a start leaves them (its own keys: round `rounds`).
     let plan_first = Plan { warmup: Duration::ZERO, round: plan.rounds, ..plan.for_round(0) };
     let first = scenario::closed_loop(&api, Workload::New, FIRST_CONNECTIONS, &plan_first).await;
-    let first = service.explain(first).await?;
+    let first = binary.explain(&mut service, first).await?;
     say(format!("first round after the start: {:.0} req/s", first.rps()));
-    db.create_floor(plan.pool_size).await?;
-    fill_replay_pool(plan, &api, &mut service, db).await?;
-    let values = script::ServiceValues::read(&db.client).await?;
-    let pgbench = Pgbench::write_scripts(db.url.clone(), &values, plan, out_dir)?;
+    let pgbench = prepare_load(plan, (binary, &mut service, &api), db, out_dir).await?;
     pgbench.check(&db.client).await?;
 
-    let mut rows = vec![Row {
-        scenario: "new, first round after the start (no warm-up)".to_owned(),
-        connections: FIRST_CONNECTIONS,
-        sample: first,
-        own: None,
-        floor: None,
-        floor_ratio_by_round: Vec::new(),
-    }];
+    let first_round = "new, first round after the start (no warm-up)";
+    let mut rows = vec![Row::alone(first_round.to_owned(), FIRST_CONNECTIONS, first)];
     let checkpoint = Checkpointer::new(db);
     for workload in [Workload::New, Workload::Replay, Workload::Mix] {
         if workload == Workload::Replay {
@@ -170,18 +133,17 @@ pub async fn measure(
             // once puts them back: the replay scenarios measure replays the
             // cache can answer (BENCHMARKS.md).
             let doing = "replaying the pool's keys before the replay scenarios";
-            send_replay_pool(plan, &api, &mut service, doing).await?;
+            binary.explain(&mut service, send_replay_pool(plan, &api, doing).await).await?;
         }
         for &connections in plan.connections {
-            let mut point: Option<(Sample, PgbenchRun, PgbenchRun)> = None;
-            let mut by_round = Vec::new();
+            let mut row: Option<Row> = None;
             for round in 0..plan.rounds {
                 let plan = &plan.for_round(round);
                 // Each side from a CHECKPOINT, its WAL read once the outbox
                 // is empty.
                 let mark = checkpoint.run().await?;
                 let sample = scenario::closed_loop(&api, workload, connections, plan).await;
-                let mut sample = service.explain(sample).await?;
+                let mut sample = binary.explain(&mut service, sample).await?;
                 sample.wal = checkpoint.wal_since(&mark, sample.wal.requests).await?;
                 let mark = checkpoint.run().await?;
                 let mut own = pgbench.run(&pgbench.own_sql, workload, connections, plan).await?;
@@ -189,35 +151,24 @@ pub async fn measure(
                 let mark = checkpoint.run().await?;
                 let mut floor = pgbench.run(&pgbench.floor, workload, connections, plan).await?;
                 floor.wal = checkpoint.wal_since(&mark, floor.wal.requests).await?;
-                by_round.extend(ratio(&sample, Some(&floor)));
-                point = Some(match point {
-                    None => (sample, own, floor),
-                    Some((mut all, mut all_own, mut all_floor)) => {
-                        all.merge(&sample)?;
-                        all_own.merge(&own)?;
-                        all_floor.merge(&floor)?;
-                        (all, all_own, all_floor)
+                match &mut row {
+                    Some(row) => row.add_round(sample, own, floor)?,
+                    None => {
+                        let name = workload.name().to_owned();
+                        row = Some(Row::first_round(name, connections, sample, own, floor));
                     }
-                });
+                }
             }
-            let (sample, own, floor) = point.context("no round measured")?;
-            let row = Row {
-                scenario: workload.name().to_owned(),
-                connections,
-                sample,
-                own: Some(own),
-                floor: Some(floor),
-                floor_ratio_by_round: by_round,
-            };
-            let (tally, floor) = (&row.sample.tally, row.floor.as_ref());
+            let row = row.context("no round measured")?;
             let wal = |wal: Option<&Wal>| wal.and_then(Wal::per_request).unwrap_or(f64::NAN);
+            let floor = row.floor.as_ref();
             say(format!(
                 "{} x {connections}: {:.0} req/s, p99 {:.2} ms, non-2xx {}, WAL {:.0} B/req; \
                  floor {:.0} TPS, WAL {:.0} B",
                 workload.name(),
                 row.sample.rps(),
-                tally.percentile_ms(0.99),
-                tally.non_2xx_text(),
+                row.sample.tally.percentile_ms(0.99),
+                row.sample.tally.non_2xx_text(),
                 wal(Some(&row.sample.wal)),
                 floor.map_or(0.0, |run| run.tps),
                 wal(floor.map(|run| &run.wal)),
@@ -227,7 +178,7 @@ pub async fn measure(
     }
     checkpoint.run().await?;
     let bursts = scenario::bursts(&api, plan).await;
-    let (sample, bursts) = service.explain(bursts).await?;
+    let (sample, bursts) = binary.explain(&mut service, bursts).await?;
     say(format!(
         "burst: {} rounds, {:.0} req/s, p99 {:.2} ms, non-2xx {}, rounds not created exactly once {}",
         bursts.rounds,
@@ -236,14 +187,8 @@ pub async fn measure(
         sample.tally.non_2xx_text(),
         bursts.not_created_once
     ));
-    rows.push(Row {
-        scenario: format!("burst ({} same-key requests per round)", scenario::BURST),
-        connections: scenario::BURST,
-        sample,
-        own: None,
-        floor: None,
-        floor_ratio_by_round: Vec::new(),
-    });
+    let burst = format!("burst ({} same-key requests per round)", scenario::BURST);
+    rows.push(Row::alone(burst, scenario::BURST, sample));
 
     // Peak memory, after everything.
     let peak_rss = chargeonce_testkit::memory_bytes(&pid.to_string(), "VmHWM:")

@@ -16,7 +16,7 @@ use tokio_postgres::Client;
 use crate::database::Wal;
 use crate::scenario::{Workload, MIX_NEW_PERCENT};
 use crate::script::{self, ServiceValues};
-use crate::stats::{per_second, Latencies};
+use crate::stats::Tally;
 use crate::{say, Plan};
 
 /// pgbench's threads: the machine's two cores; more would only compete
@@ -60,36 +60,30 @@ impl ScriptSet {
 }
 
 /// What one measured pgbench run gave (or several rounds of one point,
-/// merged): throughput, the percentiles and count over `stats::SLOW` of its
-/// logged transactions (a
-/// stall of the machine shows here as in the service's count), and the WAL
-/// written (`wal.requests`: every script run, warm-up included).
+/// merged): throughput, its logged transactions' latencies (a stall of the
+/// machine shows in their count over `stats::SLOW` as in the service's),
+/// and the WAL written (`wal.requests`: every script run, warm-up
+/// included).
 pub struct PgbenchRun {
     pub tps: f64,
-    pub p99_ms: f64,
-    pub slow: u64,
+    pub latencies: Tally,
     pub wal: Wal,
     seconds: f64,
-    latencies: Latencies,
 }
 
 impl PgbenchRun {
-    fn new(tps: f64, wal: Wal, seconds: f64, latencies: Latencies) -> Self {
-        let (p99_ms, slow) = (latencies.percentile_ms(0.99), latencies.slow());
-        Self { tps, p99_ms, slow, wal, seconds, latencies }
+    pub fn p99_ms(&self) -> f64 {
+        self.latencies.percentile_ms(0.99)
     }
 
     /// Adds a later round of the same point: throughput over the whole
-    /// time, the percentiles of
-    /// all transactions, the WAL.
+    /// time, the latencies of all transactions, the WAL.
     pub fn merge(&mut self, other: &PgbenchRun) -> Result<()> {
-        let seconds = self.seconds + other.seconds;
-        let (mine, theirs) = (self.tps * self.seconds, other.tps * other.seconds);
-        let mut latencies = self.latencies.clone();
-        latencies.merge(&other.latencies)?;
-        let mut wal = self.wal;
-        wal.add(&other.wal);
-        *self = PgbenchRun::new(per_second(mine + theirs, seconds), wal, seconds, latencies);
+        let transactions = self.tps * self.seconds + other.tps * other.seconds;
+        self.seconds += other.seconds;
+        self.tps = transactions / self.seconds;
+        self.latencies.merge(&other.latencies)?;
+        self.wal.add(&other.wal);
         Ok(())
     }
 }
@@ -185,9 +179,9 @@ impl Pgbench {
         args.extend(self.log_args(set, &run)?);
         let (tps, transactions) = summary(&self.pgbench(&args).await?)?;
         wal.requests += transactions;
-        let measured = plan.measure.as_secs().max(1) as f64;
+        let seconds = plan.measure.as_secs().max(1) as f64;
         let latencies = logged_latencies(&self.log_dir, None)?.remove(0);
-        Ok(PgbenchRun::new(tps, wal, measured, latencies))
+        Ok(PgbenchRun { tps, latencies, wal, seconds })
     }
 
     /// `set`'s `workload` offered open-loop (`--rate`) at `rate` per second
@@ -199,7 +193,7 @@ impl Pgbench {
         workload: Workload,
         (clients, rate): (usize, f64),
         length: Duration,
-    ) -> Result<Vec<Latencies>> {
+    ) -> Result<Vec<Tally>> {
         let mut args =
             vec![format!("-c{clients}"), format!("-j{THREADS}"), format!("--rate={rate:.0}")];
         args.push(format!("-T{}", length.as_secs().max(1)));
@@ -284,8 +278,8 @@ fn summary(stdout: &str) -> Result<(f64, u64)> {
 /// each plus its schedule lag (`--rate`); per minute of a run that started
 /// at an epoch second and lasted so many (the last ones in its last minute),
 /// or all in one.
-fn logged_latencies(log_dir: &Path, run: Option<(u64, u64)>) -> Result<Vec<Latencies>> {
-    let mut minutes = vec![Latencies::new()?];
+fn logged_latencies(log_dir: &Path, run: Option<(u64, u64)>) -> Result<Vec<Tally>> {
+    let mut minutes = vec![Tally::new()?];
     for entry in fs::read_dir(log_dir).with_context(|| format!("reading {}", log_dir.display()))? {
         let path = entry?.path();
         let text =
@@ -301,7 +295,7 @@ fn logged_latencies(log_dir: &Path, run: Option<(u64, u64)>) -> Result<Vec<Laten
             });
             let minute = (second / 60) as usize;
             while minutes.len() <= minute {
-                minutes.push(Latencies::new()?);
+                minutes.push(Tally::new()?);
             }
             minutes[minute].record_us(fields[2] + fields.get(6).copied().unwrap_or(0));
         }
@@ -333,13 +327,13 @@ mod tests {
         fs::write(dir.join("floor-0.1.1"), "2 0 2000 0 1 3\n3 0 100000 0 1 4\n").unwrap();
         let latencies = logged_latencies(&dir, None).unwrap().remove(0);
         // 100 ms itself is not over; 198 ms is.
-        assert_eq!((latencies.count(), latencies.slow()), (4, 1));
+        assert_eq!((latencies.count(), latencies.slow), (4, 1));
         // Open loop: plus the schedule lag, per minute from the start.
         fs::write(dir.join("floor-0.1"), "0 0 1000 0 100 1 5000\n1 0 2000 0 161 2 0\n").unwrap();
         fs::remove_file(dir.join("floor-0.1.1")).unwrap();
         let minutes = logged_latencies(&dir, Some((100, 90))).unwrap();
         fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(minutes.iter().map(Latencies::count).collect::<Vec<_>>(), [1, 1]);
+        assert_eq!(minutes.iter().map(Tally::count).collect::<Vec<_>>(), [1, 1]);
         assert!((minutes[0].max_ms() - 6.0).abs() < 0.01);
     }
 
@@ -357,16 +351,16 @@ mod tests {
         );
         assert_eq!(shell_quote("payload={\"a\": 1}"), "'payload={\"a\": 1}'");
         let run = |tps: f64, bytes: f64, micros: &[u64]| {
-            let mut latencies = Latencies::new().unwrap();
+            let mut latencies = Tally::new().unwrap();
             micros.iter().for_each(|&us| latencies.record_us(us));
             let wal = Wal { bytes, fpi: None, requests: (tps * 2.0) as u64 };
-            PgbenchRun::new(tps, wal, 2.0, latencies)
+            PgbenchRun { tps, latencies, wal, seconds: 2.0 }
         };
         let mut point = run(1_000.0, 4e6, &[1_000, 2_000]);
         point.merge(&run(3_000.0, 12e6, &[500, 150_000])).unwrap();
         // 2,000 and 6,000 transactions in 4 s.
         assert!((point.tps - 2_000.0).abs() < 1e-9);
         assert_eq!(point.wal.per_request(), Some(2_000.0));
-        assert_eq!(point.slow, 1);
+        assert_eq!(point.latencies.slow, 1);
     }
 }

@@ -11,6 +11,8 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use anyhow::Result;
+
 use crate::capture::Capture;
 use crate::database::{Machine, Wal};
 use crate::pgbench::PgbenchRun;
@@ -41,6 +43,40 @@ pub fn lowest_and_highest(values: &[f64]) -> Option<(f64, f64)> {
 }
 
 impl Row {
+    /// A scenario measured without the yardsticks.
+    pub fn alone(scenario: String, connections: usize, sample: Sample) -> Self {
+        let floor_ratio_by_round = Vec::new();
+        Row { scenario, connections, sample, own: None, floor: None, floor_ratio_by_round }
+    }
+
+    /// A point's first round: the service, its own SQL, the floor.
+    pub fn first_round(
+        scenario: String,
+        connections: usize,
+        sample: Sample,
+        own: PgbenchRun,
+        floor: PgbenchRun,
+    ) -> Self {
+        let floor_ratio_by_round = Vec::from_iter(ratio(&sample, Some(&floor)));
+        Row {
+            own: Some(own),
+            floor: Some(floor),
+            floor_ratio_by_round,
+            ..Row::alone(scenario, connections, sample)
+        }
+    }
+
+    /// Adds a later round of the same point to each side.
+    pub fn add_round(&mut self, sample: Sample, own: PgbenchRun, floor: PgbenchRun) -> Result<()> {
+        self.floor_ratio_by_round.extend(ratio(&sample, Some(&floor)));
+        self.sample.merge(&sample)?;
+        if let (Some(all_own), Some(all_floor)) = (&mut self.own, &mut self.floor) {
+            all_own.merge(&own)?;
+            all_floor.merge(&floor)?;
+        }
+        Ok(())
+    }
+
     /// `0.97 (rounds 0.88–1.10)`: service ÷ floor over all rounds, then its
     /// lowest and highest round when there were several.
     fn floor_ratio_text(&self) -> String {
@@ -149,7 +185,7 @@ impl Report {
         // The floor's own p99 at the same count says what this machine can
         // do at all.
         let p99 = new_32.map(|row| row.sample.tally.percentile_ms(0.99));
-        let floor_p99 = new_32.and_then(|row| row.floor.as_ref()).map(|run| run.p99_ms);
+        let floor_p99 = new_32.and_then(|row| row.floor.as_ref()).map(PgbenchRun::p99_ms);
         let measured = p99.map_or("not measured".to_owned(), |p| match floor_p99 {
             Some(floor) => format!("{p:.2} ms (floor: {floor:.2} ms)"),
             None => format!("{p:.2} ms"),
@@ -167,8 +203,8 @@ impl Report {
                 let floor = row
                     .floor
                     .as_ref()
-                    .map_or(String::new(), |run| format!(" (floor: {})", run.slow));
-                format!("{} {}{floor}", row.scenario, row.sample.tally.slow())
+                    .map_or(String::new(), |run| format!(" (floor: {})", run.latencies.slow));
+                format!("{} {}{floor}", row.scenario, row.sample.tally.slow)
             })
             .collect();
         targets.push(Target {
@@ -177,7 +213,7 @@ impl Report {
                 SLOW.as_millis()
             ),
             measured: if slow.is_empty() { "not measured".to_owned() } else { slow.join(", ") },
-            met: (!at_32.is_empty()).then(|| at_32.iter().all(|row| row.sample.tally.slow() == 0)),
+            met: (!at_32.is_empty()).then(|| at_32.iter().all(|row| row.sample.tally.slow == 0)),
             number: None,
         });
         let failures: u64 = self.rows.iter().map(|row| row.sample.tally.non_2xx()).sum();
@@ -257,12 +293,12 @@ impl Report {
                 tally.percentile_ms(0.50),
                 tally.percentile_ms(0.99),
                 tally.percentile_ms(0.999),
-                tally.latencies.max_ms(),
-                tally.slow(),
+                tally.max_ms(),
+                tally.slow,
                 tally.non_2xx_text(),
                 number(own.map(|run| run.tps), 0),
                 number(floor.map(|run| run.tps), 0),
-                number(floor.map(|run| run.p99_ms), 2),
+                number(floor.map(PgbenchRun::p99_ms), 2),
                 number(ratio(&row.sample, own), 2),
                 row.floor_ratio_text(),
             );

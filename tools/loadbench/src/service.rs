@@ -67,19 +67,20 @@ impl ServiceBinary {
         self.spawn(database_url, Duration::from_millis(10)).await
     }
 
-    /// `error`, explained if the service is stopping: a request that fails
-    /// because the service died (or was signalled by something else on the
-    /// machine) should say so, not just that a connection closed. A service
-    /// told to stop finishes its open requests first, so it gets a moment
-    /// to exit.
-    pub async fn explain(&self, service: &mut Spawned, error: anyhow::Error) -> anyhow::Error {
-        match service.wait_exit(EXIT_GRACE).await {
+    /// `result`, its error explained if the service is stopping: a request
+    /// that fails because the service died (or was signalled by something
+    /// else on the machine) should say so, not just that a connection
+    /// closed. A service told to stop finishes its open requests first, so
+    /// it gets a moment to exit.
+    pub async fn explain<T>(&self, service: &mut Spawned, result: Result<T>) -> Result<T> {
+        let Err(error) = result else { return result };
+        Err(match service.wait_exit(EXIT_GRACE).await {
             Some(status) => error.context(format!(
                 "the service exited during the run ({status}); see {}",
                 self.out_dir.join("service.log").display()
             )),
             None => error,
-        }
+        })
     }
 
     /// Spawns the service READY_SAMPLES times, one after the other, and
@@ -89,9 +90,8 @@ impl ServiceBinary {
         let mut ready = Vec::with_capacity(READY_SAMPLES);
         for _ in 0..READY_SAMPLES {
             let spawned = Instant::now();
-            let service = self.spawn(database_url, Duration::from_millis(1)).await;
+            let _service = self.spawn(database_url, Duration::from_millis(1)).await;
             ready.push(spawned.elapsed());
-            drop(service);
         }
         ready.sort();
         let listed: Vec<String> =

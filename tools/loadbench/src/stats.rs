@@ -1,8 +1,8 @@
 //! What a measured run gave: every answer's latency in an HDR histogram
-//! (3 significant digits: a percentile is exact to 0.1 %), every status, an
-//! exact count of answers slower than [`SLOW`], and the WAL written
-//! meanwhile. Clients record into tallies of their own, merged at the end,
-//! so recording never waits.
+//! (3 significant digits: a percentile is exact to 0.1 %), an exact count
+//! of answers slower than [`SLOW`], every status (pgbench's runs have
+//! none), and the WAL written meanwhile. Clients record into tallies of
+//! their own, merged at the end, so recording never waits.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,17 +16,20 @@ use crate::http::Answer;
 /// One of the targets is that no request is slower than this.
 pub const SLOW: Duration = Duration::from_millis(100);
 
-/// Latencies in microseconds, up to a minute (slower ones count as that).
+/// Latencies in microseconds, up to a minute (slower ones count as that),
+/// and statuses.
 #[derive(Clone)]
-pub struct Latencies {
+pub struct Tally {
     histogram: Histogram<u64>,
-    slow: u64,
+    /// Answers slower than [`SLOW`].
+    pub slow: u64,
+    statuses: BTreeMap<u16, u64>,
 }
 
-impl Latencies {
+impl Tally {
     pub fn new() -> Result<Self> {
         let histogram = Histogram::new_with_max(60_000_000, 3).context("a latency histogram")?;
-        Ok(Self { histogram, slow: 0 })
+        Ok(Self { histogram, slow: 0, statuses: BTreeMap::new() })
     }
 
     pub fn record_us(&mut self, micros: u64) {
@@ -34,9 +37,17 @@ impl Latencies {
         self.slow += u64::from(u128::from(micros) > SLOW.as_micros());
     }
 
-    pub fn merge(&mut self, other: &Latencies) -> Result<()> {
+    pub fn record(&mut self, answer: &Answer) {
+        self.record_us(u64::try_from(answer.latency.as_micros()).unwrap_or(u64::MAX));
+        *self.statuses.entry(answer.status).or_default() += 1;
+    }
+
+    pub fn merge(&mut self, other: &Tally) -> Result<()> {
         self.histogram.add(&other.histogram).context("merging latencies")?;
         self.slow += other.slow;
+        for (status, count) in &other.statuses {
+            *self.statuses.entry(*status).or_default() += count;
+        }
         Ok(())
     }
 
@@ -58,44 +69,6 @@ impl Latencies {
             true => f64::NAN,
             false => self.histogram.max() as f64 / 1000.0,
         }
-    }
-
-    /// Answers slower than [`SLOW`].
-    pub fn slow(&self) -> u64 {
-        self.slow
-    }
-}
-
-/// Every latency and every status of a run.
-pub struct Tally {
-    pub latencies: Latencies,
-    statuses: BTreeMap<u16, u64>,
-}
-
-impl Tally {
-    pub fn new() -> Result<Self> {
-        Ok(Self { latencies: Latencies::new()?, statuses: BTreeMap::new() })
-    }
-
-    pub fn record(&mut self, answer: &Answer) {
-        self.latencies.record_us(u64::try_from(answer.latency.as_micros()).unwrap_or(u64::MAX));
-        *self.statuses.entry(answer.status).or_default() += 1;
-    }
-
-    pub fn merge(&mut self, other: &Tally) -> Result<()> {
-        self.latencies.merge(&other.latencies)?;
-        for (status, count) in &other.statuses {
-            *self.statuses.entry(*status).or_default() += count;
-        }
-        Ok(())
-    }
-
-    pub fn percentile_ms(&self, quantile: f64) -> f64 {
-        self.latencies.percentile_ms(quantile)
-    }
-
-    pub fn slow(&self) -> u64 {
-        self.latencies.slow()
     }
 
     pub fn non_2xx(&self) -> u64 {
@@ -129,8 +102,12 @@ pub struct Sample {
 }
 
 impl Sample {
+    /// Answers per second; 0 for no time.
     pub fn rps(&self) -> f64 {
-        per_second(self.tally.latencies.count() as f64, self.seconds)
+        match self.seconds > 0.0 {
+            true => self.tally.count() as f64 / self.seconds,
+            false => 0.0,
+        }
     }
 
     /// Adds a later round of the same point: its answers, time and WAL.
@@ -142,26 +119,17 @@ impl Sample {
     }
 }
 
-/// `count / seconds`, 0 for no time.
-pub fn per_second(count: f64, seconds: f64) -> f64 {
-    if seconds > 0.0 {
-        count / seconds
-    } else {
-        0.0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn percentiles_are_exact_to_three_digits_and_slow_answers_are_counted() {
-        let mut latencies = Latencies::new().unwrap();
+        let mut latencies = Tally::new().unwrap();
         for micros in 1..=1000 {
             latencies.record_us(micros * 100); // 0.1 ms … 100 ms
         }
-        let mut slower = Latencies::new().unwrap();
+        let mut slower = Tally::new().unwrap();
         slower.record_us(250_000);
         latencies.merge(&slower).unwrap();
         assert_eq!(latencies.count(), 1001);
@@ -169,15 +137,15 @@ mod tests {
         assert!((latencies.percentile_ms(0.5) - 50.1).abs() <= 0.05);
         assert!((latencies.max_ms() - 250.0).abs() < 0.25);
         // 100 ms itself is not over the limit; 250 ms is.
-        assert_eq!(latencies.slow(), 1);
-        assert!(Latencies::new().unwrap().percentile_ms(0.99).is_nan());
+        assert_eq!(latencies.slow, 1);
+        assert!(Tally::new().unwrap().percentile_ms(0.99).is_nan());
     }
 
     #[test]
     fn samples_of_rounds_add_their_answers_time_and_wal() {
         let sample = |answers: u64, seconds: f64, fpi: f64| {
             let mut tally = Tally::new().unwrap();
-            (0..answers).for_each(|_| tally.latencies.record_us(100));
+            (0..answers).for_each(|_| tally.record_us(100));
             let wal = Wal { bytes: 1e6, fpi: Some((fpi, 1e6)), requests: answers + 100 };
             Sample { tally, seconds, wal }
         };

@@ -32,7 +32,7 @@ use crate::database::{BenchDatabase, Wal};
 use crate::http::{Api, Http};
 use crate::pgbench::Pgbench;
 use crate::scenario::{closed_loop, Keys, Workload};
-use crate::stats::Latencies;
+use crate::stats::Tally;
 use crate::{say, Plan};
 
 /// Clients of the sustained load: enough that the offered rate is met while
@@ -63,10 +63,10 @@ pub struct Sustained {
     pub target_rps: f64,
     pub seconds: Vec<Second>,
     /// Per minute (the last one may be shorter).
-    pub minutes: Vec<Latencies>,
+    pub minutes: Vec<Tally>,
     pub wal: Wal,
     /// The floor's maximum, the rate it was offered, its minutes.
-    pub floor: (f64, f64, Vec<Latencies>),
+    pub floor: (f64, f64, Vec<Tally>),
 }
 
 /// Measures the maximum, then holds `percent` of it for `length`.
@@ -90,7 +90,7 @@ pub async fn run(
 
     let total_seconds = usize::try_from(length.as_secs()).context("run length")?;
     let seconds = RefCell::new(vec![Second::default(); total_seconds]);
-    let minutes = (0..total_seconds.div_ceil(60)).map(|_| Latencies::new());
+    let minutes = (0..total_seconds.div_ceil(60)).map(|_| Tally::new());
     let minutes = RefCell::new(minutes.collect::<Result<Vec<_>>>()?);
     let start = Instant::now() + Duration::from_millis(100);
     let end = start + length;
@@ -270,9 +270,9 @@ impl Sustained {
              |---|---|---|---|---|---|---|---|---|\n",
             self.percent
         );
-        let cells = |minute: Option<&Latencies>| {
+        let cells = |minute: Option<&Tally>| {
             let quantiles = [0.5, 0.99, 0.999].map(|q| minute.map(|m| m.percentile_ms(q)));
-            let values = quantiles.into_iter().chain([minute.map(Latencies::max_ms)]);
+            let values = quantiles.into_iter().chain([minute.map(Tally::max_ms)]);
             values.map(|v| v.map_or("—".to_owned(), |v| format!("{v:.2}"))).collect::<Vec<_>>()
         };
         for minute in 0..self.minutes.len().max(floor.len()) {
@@ -301,9 +301,9 @@ mod tests {
         let second = |ok, non_2xx, rss| Second { ok, non_2xx, failed: 0, rss: Some(rss) };
         let mut seconds: Vec<Second> = (0..120).map(|_| second(100, 0, 40_000_000)).collect();
         seconds[90] = second(98, 2, 41_000_000);
-        let mut minute = Latencies::new().unwrap();
+        let mut minute = Tally::new().unwrap();
         minute.record_us(1_000);
-        let mut minute_of_floor = Latencies::new().unwrap();
+        let mut minute_of_floor = Tally::new().unwrap();
         minute_of_floor.record_us(3_000);
         let minutes = vec![minute.clone(), minute];
         let wal = Wal { bytes: 48e6, fpi: None, requests: 12_000 };
