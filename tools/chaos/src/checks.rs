@@ -329,14 +329,33 @@ mod tests {
 
     use super::*;
     use crate::snapshot::EventRow;
-    use crate::workload::Operation;
+    use crate::workload::{charge_operation, Operation};
 
     const CHARGE: &str = "ch_0000000000000000000000000000000a";
     const REFUND: &str = "re_0000000000000000000000000000000b";
 
-    /// The database, the processor's ledger, the receiver's
-    /// acknowledgements, the clients' records.
-    type World = (Snapshot, Ledger, HashMap<String, u64>, HashMap<String, Record>);
+    /// The database, the processor's ledger, the receiver's tally, the
+    /// clients' records.
+    struct World {
+        db: Snapshot,
+        ledger: Ledger,
+        received: Tally,
+        records: HashMap<String, Record>,
+    }
+
+    impl World {
+        /// The names of the violated invariants.
+        fn violated(&self, bad_answers: &[String]) -> Vec<&'static str> {
+            let told = Told { records: &self.records, bad_answers };
+            let verdicts = check(&self.db, &self.ledger, &self.received, &told, true);
+            let violated = verdicts.into_iter().filter(|verdict| !verdict.violations.is_empty());
+            violated.map(|verdict| verdict.name).collect()
+        }
+    }
+
+    fn event(id: &str, kind: &str, object: &str) -> EventRow {
+        EventRow { id: id.to_owned(), kind: kind.to_owned(), object: object.to_owned() }
+    }
 
     /// One succeeded charge of 1000 with a succeeded refund of 400, its
     /// events, its payment and refund at the processor, all received.
@@ -362,18 +381,11 @@ mod tests {
                 processor_attempts: 1,
                 ..Row::default()
             }],
-            events: [
-                ("evt_1", "charge.succeeded", CHARGE),
-                ("evt_2", "refund.pending", REFUND),
-                ("evt_3", "refund.succeeded", REFUND),
-            ]
-            .into_iter()
-            .map(|(id, kind, object)| EventRow {
-                id: id.to_owned(),
-                kind: kind.to_owned(),
-                object: object.to_owned(),
-            })
-            .collect(),
+            events: vec![
+                event("evt_1", "charge.succeeded", CHARGE),
+                event("evt_2", "refund.pending", REFUND),
+                event("evt_3", "refund.succeeded", REFUND),
+            ],
             deliveries: BTreeMap::new(),
             undelivered: Vec::new(),
         };
@@ -387,76 +399,50 @@ mod tests {
                 "idempotency_key": "chargeonce-refund-0000000000000000000000000000000b",
             })],
         };
-        let acknowledged =
-            ["evt_1", "evt_2", "evt_3"].into_iter().map(|id| (id.to_owned(), 1)).collect();
+        let acknowledged = ["evt_1", "evt_2", "evt_3"].map(|id| (id.to_owned(), 1)).into();
         let records = [("k-charge", Kind::Charge, CHARGE), ("k-refund", Kind::Refund, REFUND)]
-            .into_iter()
             .map(|(key, kind, id)| {
-                let record = Record {
-                    operation: Some(Operation::for_test(kind, key)),
-                    outcomes: vec![Outcome::Final { id: id.to_owned(), status: "succeeded" }],
-                };
-                (key.to_owned(), record)
+                let operation =
+                    Operation { kind, key: key.into(), ..charge_operation(1000, 0, false) };
+                let outcomes = vec![Outcome::Final { id: id.to_owned(), status: "succeeded" }];
+                (key.to_owned(), Record { operation: Some(operation), outcomes })
             })
-            .collect();
-        (db, ledger, acknowledged, records)
-    }
-
-    /// The names of the violated invariants.
-    fn violated(
-        db: &Snapshot,
-        ledger: &Ledger,
-        acknowledged: &HashMap<String, u64>,
-        records: &HashMap<String, Record>,
-        bad_answers: &[String],
-    ) -> Vec<&'static str> {
-        check(
-            db,
-            ledger,
-            &Tally { acknowledged: acknowledged.clone(), ..Tally::default() },
-            &Told { records, bad_answers },
-            true,
-        )
-        .into_iter()
-        .filter(|verdict| !verdict.violations.is_empty())
-        .map(|verdict| verdict.name)
-        .collect()
+            .into();
+        World { db, ledger, received: Tally { acknowledged, ..Tally::default() }, records }
     }
 
     #[test]
     fn a_consistent_world_passes() {
-        let (db, ledger, acknowledged, records) = world();
-        assert_eq!(violated(&db, &ledger, &acknowledged, &records, &[]), Vec::<&str>::new());
+        assert_eq!(world().violated(&[]), Vec::<&str>::new());
     }
 
     #[test]
     fn a_payment_without_its_charge_is_a_violation() {
-        let (db, mut ledger, acknowledged, records) = world();
-        ledger.payments.push(serde_json::json!({
+        let mut world = world();
+        world.ledger.payments.push(serde_json::json!({
             "id": "pay_2", "status": "succeeded", "amount": 1000,
             "idempotency_key": "chargeonce-0000000000000000000000000000000c",
         }));
         assert_eq!(
-            violated(&db, &ledger, &acknowledged, &records, &[]),
+            world.violated(&[]),
             ["at most one processor payment per operation, none without its row"]
         );
     }
 
     #[test]
     fn an_over_refund_is_a_violation() {
-        let (mut db, ledger, acknowledged, records) = world();
-        db.charges[0].amount = 300;
-        assert!(violated(&db, &ledger, &acknowledged, &records, &[])
-            .contains(&"no refunded total exceeds its charge"));
+        let mut world = world();
+        world.db.charges[0].amount = 300;
+        assert!(world.violated(&[]).contains(&"no refunded total exceeds its charge"));
     }
 
     #[test]
     fn a_missing_or_unreceived_event_is_a_violation() {
-        let (mut db, ledger, mut acknowledged, records) = world();
-        db.events.remove(1);
-        acknowledged.remove("evt_3");
+        let mut world = world();
+        world.db.events.remove(1);
+        world.received.acknowledged.remove("evt_3");
         assert_eq!(
-            violated(&db, &ledger, &acknowledged, &records, &[]),
+            world.violated(&[]),
             [
                 "one event per committed state change",
                 "every event reached the receiver (2xx) at least once"
@@ -466,32 +452,20 @@ mod tests {
 
     #[test]
     fn a_500_and_a_second_row_for_a_key_are_violations() {
-        let (mut db, ledger, acknowledged, records) = world();
-        let twin = Row {
-            id: "ch_0000000000000000000000000000000d".to_owned(),
+        let mut world = world();
+        let twin = "ch_0000000000000000000000000000000d";
+        world.db.charges.push(Row {
+            id: twin.to_owned(),
             status: "failed".to_owned(),
             processor_id: None,
             amount_refunded: 0,
             refunds_reserved: 0,
-            ..db.charges[0].clone()
-        };
-        db.charges.push(twin);
-        db.events.push(EventRow {
-            id: "evt_4".to_owned(),
-            kind: "charge.failed".to_owned(),
-            object: "ch_0000000000000000000000000000000d".to_owned(),
+            ..world.db.charges[0].clone()
         });
-        let mut acknowledged = acknowledged;
-        acknowledged.insert("evt_4".to_owned(), 1);
-        let names = violated(
-            &db,
-            &ledger,
-            &acknowledged,
-            &records,
-            &["500 for key k on instance 0".to_owned()],
-        );
+        world.db.events.push(event("evt_4", "charge.failed", twin));
+        world.received.acknowledged.insert("evt_4".to_owned(), 1);
         assert_eq!(
-            names,
+            world.violated(&["500 for key k on instance 0".to_owned()]),
             [
                 "one row per logical operation (idempotency key)",
                 "only documented statuses (no 500; 503 only while faults ran)"

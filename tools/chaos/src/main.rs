@@ -235,108 +235,64 @@ async fn run(args: Args) -> Result<bool> {
 
     // The summary.
     let operations = records.values().filter_map(|r| r.operation.as_ref());
-    let charges_ops = operations.clone().filter(|o| o.kind == Kind::Charge).count();
-    let burst_ops = operations.filter(|o| o.burst).count();
+    let charges = operations.clone().filter(|o| o.kind == Kind::Charge).count();
+    let (bursts, refunds) = (operations.filter(|o| o.burst).count(), records.len() - charges);
     let n = |count: &std::sync::atomic::AtomicUsize| count.load(Ordering::Relaxed);
-    let on_citus = match args.citus {
-        true => format!(" on Citus, {} merchants", merchants.len()),
-        false => String::new(),
+    let (races, attempts) = (n(&shared.refund_races), n(&shared.attempts));
+    let (cuts, stalls, kills) = (n(&counts.cuts), n(&counts.stalls), n(&counts.kills));
+    let (restarts, failed_starts) = (n(&counts.restarts), n(&counts.failed_starts));
+    let statuses = describe(&lock(&shared.statuses));
+    let (restarted, on_citus) = match args.citus {
+        true => ("the Citus coordinator", format!(" on Citus, {} merchants", merchants.len())),
+        false => ("PostgreSQL", String::new()),
     };
-    let mut report = format!(
-        "\n## chaos run{on_citus}: {} s of faults, {clients} customers, seed {seed}\n\n\
-         | what | |\n|---|---|\n",
-        args.seconds
-    );
-    let mut row = |name: &str, value: String| writeln!(report, "| {name:<24} | {value} |");
-    row(
-        "operations",
-        format!(
-            "{} logical: {charges_ops} charges ({burst_ops} sent as bursts to all {INSTANCES} \
-             instances at once), {} refunds ({} refund races); {} attempts",
-            records.len(),
-            records.len() - charges_ops,
-            n(&shared.refund_races),
-            n(&shared.attempts)
-        ),
-    )?;
-    row("answers by status", describe(&lock(&shared.statuses)))?;
-    let restarted = if args.citus { "the Citus coordinator" } else { "PostgreSQL" };
-    row(
-        "database faults",
-        format!(
-            "{} cuts, {} stalls (partitions) of an instance's connections; 1 immediate \
-             restart of {restarted} (down {pg_down:.1?})",
-            n(&counts.cuts),
-            n(&counts.stalls),
-        ),
-    )?;
-    row(
-        "instance crashes",
-        format!(
-            "{} SIGKILLs, {} restarts ({} failed starts retried)",
-            n(&counts.kills),
-            n(&counts.restarts),
-            n(&counts.failed_starts)
-        ),
-    )?;
-    row(
-        "processor faults",
-        format!(
-            "psp-sim: {:.0} % errors, {:.0} % lost responses, {:.0} % timeouts ({} ms); {} \
-             requests for {} payments and {} refunds",
-            stack::PSP_ERROR_RATE * 100.0,
-            stack::PSP_LOST_RESPONSE_RATE * 100.0,
-            stack::PSP_TIMEOUT_RATE * 100.0,
-            stack::PSP_HANG_MS,
-            ledger.requests(),
-            ledger.payments.len(),
-            ledger.refunds.len()
-        ),
-    )?;
-    row(
-        "webhook faults",
-        format!(
-            "receiver: {} answered 500, {} dropped, of {} deliveries; {} events acknowledged",
-            tally.answered_500,
-            tally.dropped,
-            tally.arrived,
-            tally.acknowledged.len()
-        ),
-    )?;
+    let psp = [stack::PSP_ERROR_RATE, stack::PSP_LOST_RESPONSE_RATE, stack::PSP_TIMEOUT_RATE];
+    let [errors, lost, timeouts] = psp.map(|rate| rate * 100.0);
+    let (hang, psp_requests) = (stack::PSP_HANG_MS, ledger.requests());
+    let (payments, psp_refunds) = (ledger.payments.len(), ledger.refunds.len());
+    let (answered_500, dropped, arrived) = (tally.answered_500, tally.dropped, tally.arrived);
+    let acknowledged = tally.acknowledged.len();
     let by_status = |rows: &[snapshot::Row]| {
         let mut counts = BTreeMap::<_, u64>::new();
         rows.iter().for_each(|row| *counts.entry(row.status.clone()).or_default() += 1);
         describe(&counts)
     };
-    row(
-        "database at the end",
-        format!(
-            "charges {}; refunds {}; {} events; deliveries {:?}",
-            by_status(&snapshot.charges),
-            by_status(&snapshot.refunds),
-            snapshot.events.len(),
-            snapshot.deliveries
-        ),
-    )?;
+    let (charge_statuses, refund_statuses) =
+        (by_status(&snapshot.charges), by_status(&snapshot.refunds));
+    let (events, deliveries) = (snapshot.events.len(), &snapshot.deliveries);
     let within = if settled { "in" } else { "NOT within" };
-    row(
-        "settled",
-        format!(
-            "{within} {settle_time:.1?} after the faults stopped (bound {} s)",
-            args.settle_secs
-        ),
-    )?;
+    let (seconds, settle_secs) = (args.seconds, args.settle_secs);
+    let mut report = format!(
+        "\n## chaos run{on_citus}: {seconds} s of faults, {clients} customers, seed {seed}\n\n\
+         | what | |\n|---|---|\n\
+         | operations               | {} logical: {charges} charges ({bursts} sent as bursts to \
+           all {INSTANCES} instances at once), {refunds} refunds ({races} refund races); \
+           {attempts} attempts |\n\
+         | answers by status        | {statuses} |\n\
+         | database faults          | {cuts} cuts, {stalls} stalls (partitions) of an instance's \
+           connections; 1 immediate restart of {restarted} (down {pg_down:.1?}) |\n\
+         | instance crashes         | {kills} SIGKILLs, {restarts} restarts ({failed_starts} failed \
+           starts retried) |\n\
+         | processor faults         | psp-sim: {errors:.0} % errors, {lost:.0} % lost responses, \
+           {timeouts:.0} % timeouts ({hang} ms); {psp_requests} requests for {payments} payments \
+           and {psp_refunds} refunds |\n\
+         | webhook faults           | receiver: {answered_500} answered 500, {dropped} dropped, of \
+           {arrived} deliveries; {acknowledged} events acknowledged |\n\
+         | database at the end      | charges {charge_statuses}; refunds {refund_statuses}; \
+           {events} events; deliveries {deliveries:?} |\n\
+         | settled                  | {within} {settle_time:.1?} after the faults stopped (bound \
+           {settle_secs} s) |\n",
+        records.len()
+    );
     if let Some(down) = worker_down {
         let [stopped, others] = &outage.answers;
-        row(
-            "worker outage (Citus)",
-            format!(
-                "a worker stopped (immediate) for {down:.1?}, other faults paused: its \
-                 {on_stopped} merchants got {}; the other {} got {}",
-                describe(stopped),
-                merchants.len() - on_stopped,
-                describe(others)
-            ),
+        let (stopped, others) = (describe(stopped), describe(others));
+        let served = merchants.len() - on_stopped;
+        writeln!(
+            report,
+            "| worker outage (Citus)    | a worker stopped (immediate) for {down:.1?}, other \
+             faults paused: its {on_stopped} merchants got {stopped}; the other {served} got \
+             {others} |"
         )?;
     }
     writeln!(report, "\n| invariant | checked | result |\n|---|---|---|")?;

@@ -29,6 +29,9 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(6);
 /// leaving it; it also leaves it when the faults stop. A left operation is
 /// resumed, with its key, once faults stopped.
 const PATIENCE: Duration = Duration::from_secs(20);
+/// After faults stop, how long a 503 is still excused (a connection the
+/// pool opened during a partition may still be timing out).
+const GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -50,28 +53,13 @@ pub enum Outcome {
 pub struct Operation {
     pub kind: Kind,
     /// Whose: an index into the merchants.
-    merchant: usize,
+    pub merchant: usize,
     pub key: IdempotencyKey,
-    charge: NewCharge,
+    pub charge: NewCharge,
     /// For a refund: the charge and the request.
-    refund: Option<(String, NewRefund)>,
+    pub refund: Option<(String, NewRefund)>,
     /// A burst: sent by several senders at once.
     pub burst: bool,
-}
-
-#[cfg(test)]
-impl Operation {
-    /// A charge or refund operation under `key`, for the checks' tests.
-    pub fn for_test(kind: Kind, key: &str) -> Self {
-        Self {
-            kind,
-            merchant: 0,
-            key: IdempotencyKey::from(key),
-            charge: NewCharge::new(1000, "USD"),
-            refund: None,
-            burst: false,
-        }
-    }
 }
 
 #[derive(Debug, Default)]
@@ -96,8 +84,8 @@ pub struct Shared {
     pub bad_answers: Mutex<Vec<String>>,
     /// Operations by key.
     pub records: Mutex<HashMap<String, Record>>,
-    /// Set once faults stopped; 503 is expected only before this plus the
-    /// grace.
+    /// Set once faults stopped: 503 is expected only before this plus
+    /// [`GRACE`].
     pub calm_since: Mutex<Option<Instant>>,
     pub attempts: AtomicUsize,
     pub refund_races: AtomicUsize,
@@ -113,33 +101,20 @@ pub struct Outage {
     pub answers: [BTreeMap<String, u64>; 2],
 }
 
-/// After faults stop, how long a 503 is still excused (a connection the
-/// pool opened during a partition may still be timing out).
-pub const GRACE: Duration = Duration::from_secs(10);
-
-/// What one attempt told.
-enum Step {
-    Final(Outcome),
-    Retry,
-}
-
 impl Shared {
     /// `merchants`: each one's secret and whether it is on the worker
     /// that is stopped.
     pub fn new(urls: &[String], merchants: &[(String, bool)]) -> anyhow::Result<Self> {
+        let client = |url: &String, secret| {
+            Client::builder(url.clone(), secret)
+                .request_timeout(ATTEMPT_TIMEOUT)
+                .connect_timeout(Duration::from_secs(2))
+                .retry_policy(RetryPolicy::no_retries())
+                .build()
+        };
         let clients = (merchants.iter())
-            .map(|(secret, _)| {
-                (urls.iter())
-                    .map(|url| {
-                        Client::builder(url.clone(), secret)
-                            .request_timeout(ATTEMPT_TIMEOUT)
-                            .connect_timeout(Duration::from_secs(2))
-                            .retry_policy(RetryPolicy::no_retries())
-                            .build()
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|(secret, _)| urls.iter().map(|url| client(url, secret)).collect())
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             clients,
             on_stopped_worker: merchants.iter().map(|(_, stopped)| *stopped).collect(),
@@ -177,31 +152,24 @@ impl Shared {
             Some(operation.clone());
     }
 
-    fn finish(&self, key: &IdempotencyKey, outcome: Outcome) {
-        lock(&self.records).entry(key.as_str().to_owned()).or_default().outcomes.push(outcome);
-    }
-
-    /// One attempt of `operation` on instance `instance`.
-    async fn attempt(&self, operation: &Operation, instance: usize) -> Step {
+    /// One attempt of `operation` on instance `instance`: its final
+    /// outcome, or None to try again.
+    async fn attempt(&self, operation: &Operation, instance: usize) -> Option<Outcome> {
         self.attempts.fetch_add(1, Ordering::Relaxed);
-        let began = Instant::now();
+        let (began, key) = (Instant::now(), operation.key.clone());
         let client = &self.clients[operation.merchant][instance];
         let result = match &operation.refund {
-            None => client
-                .charge_operation_with_key(&operation.charge, operation.key.clone())
-                .send()
-                .await
-                .map(|charge| Outcome::Final { id: charge.id, status: "succeeded" }),
-            Some((charge_id, refund)) => client
-                .refund_operation_with_key(charge_id, refund, operation.key.clone())
-                .send()
-                .await
-                .map(|refund| Outcome::Final { id: refund.id, status: "succeeded" }),
+            None => {
+                client.charge_operation_with_key(&operation.charge, key).send().await.map(|c| c.id)
+            }
+            Some((charge, refund)) => {
+                client.refund_operation_with_key(charge, refund, key).send().await.map(|r| r.id)
+            }
         };
         let error = match result {
-            Ok(outcome) => {
+            Ok(id) => {
                 self.count("201", operation.merchant, began);
-                return Step::Final(outcome);
+                return Some(Outcome::Final { id, status: "succeeded" });
             }
             Err(error) => error,
         };
@@ -209,54 +177,52 @@ impl Shared {
         let answer = status.map_or_else(|| "no answer".to_owned(), |s| s.to_string());
         self.count(&answer, operation.merchant, began);
         let key = operation.key.as_str();
+        let bad = |answer: String| lock(&self.bad_answers).push(answer);
         match (&error, status) {
             (Error::Declined { charge, .. }, _) => {
-                Step::Final(Outcome::Final { id: charge.id.clone(), status: "failed" })
+                Some(Outcome::Final { id: charge.id.clone(), status: "failed" })
             }
             (Error::RefundDeclined { refund, .. }, _) => {
-                Step::Final(Outcome::Final { id: refund.id.clone(), status: "failed" })
+                Some(Outcome::Final { id: refund.id.clone(), status: "failed" })
             }
             (Error::RefundExceedsCharge { .. }, _) => {
-                Step::Final(Outcome::Refused("refund_exceeds_charge".to_owned()))
+                Some(Outcome::Refused("refund_exceeds_charge".to_owned()))
             }
-            (_, None | Some(202 | 409)) => Step::Retry,
+            (_, None | Some(202 | 409)) => None,
             (_, Some(503)) => {
                 if matches!(error, Error::Api { retry_after: None, .. }) {
-                    lock(&self.bad_answers).push(format!("503 without Retry-After for key {key}"));
+                    bad(format!("503 without Retry-After for key {key}"));
                 }
-                let calm = *lock(&self.calm_since);
-                if calm.is_some_and(|since| since.elapsed() > GRACE) {
-                    lock(&self.bad_answers).push(format!(
-                        "503 after faults stopped: key {key} on instance {instance}"
-                    ));
+                if lock(&self.calm_since).is_some_and(|since| since.elapsed() > GRACE) {
+                    bad(format!("503 after faults stopped: key {key} on instance {instance}"));
                 }
-                Step::Retry
+                None
             }
             (_, Some(other)) => {
-                lock(&self.bad_answers)
-                    .push(format!("{other} for key {key} on instance {instance}: {error}"));
+                bad(format!("{other} for key {key} on instance {instance}: {error}"));
                 // A 500 may be passing; the key is resumed like any other.
-                Step::Retry
+                None
             }
         }
     }
 
     /// Sends `operation` until a final answer, or until `deadline` passed,
-    /// starting at instance `first` and going round-robin. The final answer
-    /// is recorded; `false` if there was none.
+    /// starting at instance `first` and going round-robin, with backoff
+    /// and jitter. The final answer is recorded; `false` if there was none.
     async fn drive(&self, operation: &Operation, first: usize, deadline: Instant) -> bool {
-        let mut instance = first;
-        let mut pause = Duration::from_millis(50);
+        let (mut instance, mut pause) = (first, 50);
         loop {
-            if let Step::Final(outcome) = self.attempt(operation, instance).await {
-                self.finish(&operation.key, outcome);
+            if let Some(outcome) = self.attempt(operation, instance).await {
+                let key = operation.key.as_str().to_owned();
+                lock(&self.records).entry(key).or_default().outcomes.push(outcome);
                 return true;
             }
             if Instant::now() > deadline {
                 return false;
             }
-            tokio::time::sleep(jitter(pause)).await;
-            pause = (pause * 2).min(Duration::from_millis(800));
+            let jitter = rand::thread_rng().gen_range(pause / 2..=pause);
+            tokio::time::sleep(Duration::from_millis(jitter)).await;
+            pause = (pause * 2).min(800);
             instance = (instance + 1) % self.instances();
         }
     }
@@ -276,19 +242,11 @@ impl Shared {
         let mut tasks = JoinSet::new();
         for operation in self.unfinished() {
             let shared = self.clone();
-            tasks.spawn(async move {
-                let first = shared.next_instance();
-                shared.drive(&operation, first, deadline).await;
-            });
+            let first = shared.next_instance();
+            tasks.spawn(async move { shared.drive(&operation, first, deadline).await });
         }
         while tasks.join_next().await.is_some() {}
     }
-}
-
-/// Up to `pause`, at random (full jitter).
-fn jitter(pause: Duration) -> Duration {
-    let millis = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX);
-    Duration::from_millis(rand::thread_rng().gen_range(millis / 2..=millis))
 }
 
 pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -305,7 +263,8 @@ pub async fn customer(shared: Arc<Shared>, merchant: usize, until: Instant) {
         let operation = charge_operation(amount, merchant, (0.55..0.75).contains(&roll));
         shared.register(&operation);
         if operation.burst {
-            burst(&shared, &operation, until).await;
+            let senders = (0..shared.instances()).map(|instance| (instance, operation.clone()));
+            send_all(&shared, senders, until).await;
         } else if roll < 0.55 {
             let first = shared.next_instance();
             shared.drive(&operation, first, deadline(until)).await;
@@ -322,7 +281,7 @@ fn deadline(until: Instant) -> Instant {
     (Instant::now() + PATIENCE).min(until)
 }
 
-fn charge_operation(amount: i64, merchant: usize, burst: bool) -> Operation {
+pub fn charge_operation(amount: i64, merchant: usize, burst: bool) -> Operation {
     Operation {
         kind: Kind::Charge,
         merchant,
@@ -333,12 +292,15 @@ fn charge_operation(amount: i64, merchant: usize, burst: bool) -> Operation {
     }
 }
 
-/// One key, sent to every instance at the same moment.
-async fn burst(shared: &Arc<Shared>, operation: &Operation, until: Instant) {
+/// Each operation driven at the same moment, from its own instance.
+async fn send_all(
+    shared: &Arc<Shared>,
+    operations: impl Iterator<Item = (usize, Operation)>,
+    until: Instant,
+) {
     let mut senders = JoinSet::new();
-    for instance in 0..shared.instances() {
+    for (instance, operation) in operations {
         let shared = shared.clone();
-        let operation = operation.clone();
         senders.spawn(async move { shared.drive(&operation, instance, deadline(until)).await });
     }
     while senders.join_next().await.is_some() {}
@@ -359,19 +321,15 @@ async fn refund_race(shared: &Arc<Shared>, operation: &Operation, until: Instant
         }
     };
     let amount = operation.charge.amount * 45 / 100;
-    let mut refunds = JoinSet::new();
-    for instance in 0..shared.instances() {
+    let refunds = (0..shared.instances()).map(|instance| {
         let refund = Operation {
             kind: Kind::Refund,
-            merchant: operation.merchant,
             key: IdempotencyKey::new(),
-            charge: operation.charge.clone(),
             refund: Some((charge_id.clone(), NewRefund::new().amount(amount))),
-            burst: false,
+            ..operation.clone()
         };
         shared.register(&refund);
-        let shared = shared.clone();
-        refunds.spawn(async move { shared.drive(&refund, instance, deadline(until)).await });
-    }
-    while refunds.join_next().await.is_some() {}
+        (instance, refund)
+    });
+    send_all(shared, refunds, until).await;
 }
