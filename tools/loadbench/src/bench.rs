@@ -10,7 +10,7 @@ use anyhow::{ensure, Context as _, Result};
 use chargeonce_testkit::Spawned;
 
 use crate::capture::{self, Capture};
-use crate::database::{BenchDatabase, Checkpointer, Wal};
+use crate::database::{BenchDatabase, Wal};
 use crate::http::Api;
 use crate::pgbench::Pgbench;
 use crate::report::{Report, Row};
@@ -122,7 +122,6 @@ pub async fn measure(
 
     let first_round = "new, first round after the start (no warm-up)";
     let mut rows = vec![Row::alone(first_round.to_owned(), FIRST_CONNECTIONS, first)];
-    let checkpoint = Checkpointer::new(db);
     for workload in [Workload::New, Workload::Replay, Workload::Mix] {
         if workload == Workload::Replay {
             // The new-charge scenarios create far more charges (about
@@ -141,16 +140,16 @@ pub async fn measure(
                 let plan = &plan.for_round(round);
                 // Each side from a CHECKPOINT, its WAL read once the outbox
                 // is empty.
-                let mark = checkpoint.run().await?;
+                let mark = db.checkpoint().await?;
                 let sample = scenario::closed_loop(&api, workload, connections, plan).await;
                 let mut sample = binary.explain(&mut service, sample).await?;
-                sample.wal = checkpoint.wal_since(&mark, sample.wal.requests).await?;
-                let mark = checkpoint.run().await?;
+                sample.wal = db.settled_wal_since(&mark, sample.wal.requests).await?;
+                let mark = db.checkpoint().await?;
                 let mut own = pgbench.run(&pgbench.own_sql, workload, connections, plan).await?;
-                own.wal = checkpoint.wal_since(&mark, own.wal.requests).await?;
-                let mark = checkpoint.run().await?;
+                own.wal = db.settled_wal_since(&mark, own.wal.requests).await?;
+                let mark = db.checkpoint().await?;
                 let mut floor = pgbench.run(&pgbench.floor, workload, connections, plan).await?;
-                floor.wal = checkpoint.wal_since(&mark, floor.wal.requests).await?;
+                floor.wal = db.settled_wal_since(&mark, floor.wal.requests).await?;
                 match &mut row {
                     Some(row) => row.add_round(sample, own, floor)?,
                     None => {
@@ -176,7 +175,7 @@ pub async fn measure(
             rows.push(row);
         }
     }
-    checkpoint.run().await?;
+    db.checkpoint().await?;
     let bursts = scenario::bursts(&api, plan).await;
     let (sample, bursts) = binary.explain(&mut service, bursts).await?;
     say(format!(

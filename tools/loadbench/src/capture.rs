@@ -1,14 +1,12 @@
 //! What the service asks PostgreSQL per request, read back from
 //! pg_stat_statements, and the check that it is exactly what the pgbench
-//! scripts run.
-//!
-//! The scripts are built from the constants of `chargeonce::db` (see
-//! `script`). The capture proves they match the service: every statement the
-//! service executed must be one of `db::ALL_STATEMENTS`, and the ones it
-//! executes (about) once per request must be exactly the ones the script for
-//! that flow runs. When the request path changes, the benchmark stops with
-//! the statement's text instead of comparing against the wrong SQL. The
-//! capture also gives the round trips per request, background included.
+//! scripts run (they are built from the constants of `chargeonce::db`):
+//! every statement the service executed must be one of
+//! `db::ALL_STATEMENTS`, and the ones it executes (about) once per request
+//! must be exactly the ones the flow's script runs. When the request path
+//! changes, the benchmark stops with the statement's text instead of
+//! comparing against the wrong SQL. It also gives the round trips per
+//! request, background included.
 
 use std::sync::LazyLock;
 
@@ -28,6 +26,9 @@ const PER_REQUEST: f64 = 0.5;
 /// The webhook dispatcher's, once per request when they come one at a time;
 /// it fans out the own-SQL script's events too, so not part of that script.
 const BACKGROUND: &[&str] = &["events::FAN_OUT"];
+/// What [`identify`] calls BEGIN, COMMIT and ROLLBACK: round trips (one per
+/// outcome, or per batch of them), not statements of a script.
+const TRANSACTION_CONTROL: &str = "Conn::transaction";
 
 /// One statement as pg_stat_statements recorded it, and the name of the
 /// `db::ALL_STATEMENTS` constant it is, if any.
@@ -81,15 +82,13 @@ impl Captured {
             );
         }
         let mut seen: Vec<&str> = Vec::new();
-        // BEGIN and COMMIT (one per outcome, or per batch of them) are
-        // round trips, not statements of a script.
-        let background = |s: &Seen| s.constant.is_some_and(|c| BACKGROUND.contains(&c));
-        let control = |s: &Seen| s.constant == Some(TRANSACTION_CONTROL);
-        let per_request =
-            |s: &&Seen| self.per_request(s) >= PER_REQUEST && !background(s) && !control(s);
-        for statement in self.statements.iter().filter(per_request) {
-            let copies = (self.per_request(statement).round() as usize).max(1);
-            seen.extend(std::iter::repeat_n(statement.constant.unwrap_or_default(), copies));
+        for statement in &self.statements {
+            let constant = statement.constant.unwrap_or_default();
+            let scripted = !BACKGROUND.contains(&constant) && constant != TRANSACTION_CONTROL;
+            if scripted && self.per_request(statement) >= PER_REQUEST {
+                let copies = (self.per_request(statement).round() as usize).max(1);
+                seen.extend(std::iter::repeat_n(constant, copies));
+            }
         }
         let mut expected = expected.to_vec();
         seen.sort_unstable();
@@ -122,9 +121,8 @@ pub async fn capture(
     let service = binary.start(&database.url).await;
     let api = Api::new(service.port, api_key)?;
     let db = &database.client;
-    db.batch_execute("SELECT pg_stat_statements_reset()")
-        .await
-        .context("resetting pg_stat_statements")?;
+    let reset = db.batch_execute("SELECT pg_stat_statements_reset()").await;
+    reset.context("resetting pg_stat_statements")?;
     send_all(&api, 1, keys).await?.require_success("the captured requests")?;
     let rows = db
         .query(
@@ -136,12 +134,8 @@ pub async fn capture(
         )
         .await
         .context("reading pg_stat_statements")?;
-    let rows = rows.iter().map(|row| (row.get(0), row.get(1))).collect();
-    Ok(Captured::new(rows, keys.len()))
+    Ok(Captured::new(rows.iter().map(|row| (row.get(0), row.get(1))).collect(), keys.len()))
 }
-
-/// What [`identify`] calls BEGIN, COMMIT and ROLLBACK.
-const TRANSACTION_CONTROL: &str = "Conn::transaction";
 
 /// The known constant a captured text is. The outcomes are transactions
 /// (`db::Conn::transaction`): their BEGIN and COMMIT are known.

@@ -33,14 +33,8 @@ pub struct BenchDatabase {
     pub admin: Client,
     /// pg_walinspect is installed: the WAL's full-page images are counted.
     walinspect: bool,
-}
-
-/// Where the numbers were taken.
-pub struct Machine {
-    pub cores: usize,
-    pub cpu: String,
-    pub postgres: String,
-    pub settings: String,
+    /// A failed CHECKPOINT was reported.
+    warned: Cell<bool>,
 }
 
 impl BenchDatabase {
@@ -62,7 +56,8 @@ impl BenchDatabase {
         // Optional: without it the report gives WAL bytes but no FPI share.
         let walinspect =
             client.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect").await.is_ok();
-        Ok(Self { url: database.url.clone(), database, client, admin, walinspect })
+        let warned = Cell::new(false);
+        Ok(Self { url: database.url.clone(), database, client, admin, walinspect, warned })
     }
 
     /// Drops the database (its connections are ended first).
@@ -78,7 +73,8 @@ impl BenchDatabase {
         self.client.batch_execute(&sql).await.context("creating the floor's table")
     }
 
-    pub async fn machine(&self) -> Result<Machine> {
+    /// Where the numbers were taken: cores, CPU, PostgreSQL and its settings.
+    pub async fn machine(&self) -> Result<String> {
         let mut settings = Vec::new();
         let names = "server_version fsync synchronous_commit shared_buffers max_connections \
                      max_wal_size checkpoint_timeout wal_compression";
@@ -89,12 +85,9 @@ impl BenchDatabase {
         let postgres = settings.remove(0).replace("server_version=", "");
         let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let model = info.lines().find_map(|line| line.strip_prefix("model name"));
-        Ok(Machine {
-            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            cpu: model.and_then(|m| m.split_once(':')).map_or("unknown CPU", |m| m.1.trim()).into(),
-            postgres,
-            settings: settings.join(", "),
-        })
+        let cpu = model.and_then(|m| m.split_once(':')).map_or("unknown CPU", |m| m.1.trim());
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Ok(format!("{cores} cores (nproc), {cpu}; PostgreSQL {postgres} ({})", settings.join(", ")))
     }
 
     /// Where the WAL ends now (flushed), to measure from.
@@ -159,48 +152,33 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(180);
 /// events too, and the service fans them out; the floor's pgbench would
 /// share the machine with the dispatcher). The CHECKPOINT needs superuser
 /// (or pg_checkpoint); without it the runs go on unaligned, with one warning.
-pub struct Checkpointer<'a> {
-    database: &'a BenchDatabase,
-    warned: Cell<bool>,
-}
-
-impl<'a> Checkpointer<'a> {
-    pub fn new(database: &'a BenchDatabase) -> Self {
-        Self { database, warned: Cell::new(false) }
-    }
-
+impl BenchDatabase {
     /// Waits for the outbox to empty, then checkpoints; where the WAL ends
     /// then, to measure the next phase from.
-    pub async fn run(&self) -> Result<String> {
+    pub async fn checkpoint(&self) -> Result<String> {
         self.settle().await?;
-        if let Err(error) = self.database.admin.batch_execute("CHECKPOINT").await {
+        if let Err(error) = self.admin.batch_execute("CHECKPOINT").await {
             if !self.warned.replace(true) {
                 say(format!(
                     "warning: CHECKPOINT failed ({error}); runs are not aligned on checkpoints"
                 ));
             }
         }
-        self.database.wal_mark().await
+        self.wal_mark().await
     }
 
     /// The WAL of a phase that began at `mark` and served `requests`,
     /// measured once the outbox is empty: the fan-out of its events is part
     /// of what it wrote.
-    pub async fn wal_since(&self, mark: &str, requests: u64) -> Result<Wal> {
+    pub async fn settled_wal_since(&self, mark: &str, requests: u64) -> Result<Wal> {
         self.settle().await?;
-        self.database.wal_since(mark, requests).await
+        self.wal_since(mark, requests).await
     }
 
     async fn settle(&self) -> Result<()> {
         let started = Instant::now();
         let waiting = "SELECT EXISTS (SELECT 1 FROM event_queue)";
-        while self
-            .database
-            .client
-            .query_one(waiting, &[])
-            .await
-            .context("the outbox (event_queue)")?
-            .get(0)
+        while self.client.query_one(waiting, &[]).await.context("the outbox (event_queue)")?.get(0)
         {
             ensure!(
                 started.elapsed() < SETTLE_LIMIT,

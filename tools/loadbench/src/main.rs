@@ -1,15 +1,10 @@
-//! The load benchmark of chargeonce. Run it with `scripts/bench [--quick]`,
-//! which provides a PostgreSQL with pg_stat_statements and then runs
-//! `cargo run --release -p chargeonce-loadbench -- --admin-url URL`.
-//! BENCHMARKS.md explains the method and keeps the results.
-//!
-//! It measures the release `chargeonce` binary, running as a separate
-//! process against a fresh database, and compares it on the same machine in
-//! the same run with two pgbench yardsticks at the same client counts: **its
-//! own SQL** (the statements the service prepares, the constants of
-//! `chargeonce::db`: service ÷ own SQL is the cost of our layer) and **the
-//! floor** (the least SQL this design can cost, on a minimal table of its
-//! own: service ÷ floor also counts what our SQL costs).
+//! The load benchmark of chargeonce, run by `scripts/bench` (BENCHMARKS.md
+//! explains the method and keeps the results): the release `chargeonce`
+//! binary as a separate process on a fresh database, beside pgbench running
+//! **its own SQL** (the statements the service prepares: service ÷ own SQL
+//! is the cost of our layer) and **the floor** (the least SQL this design
+//! can cost: service ÷ floor also counts what our SQL costs), at the same
+//! client counts in the same run.
 //!
 //! Invariants: the service runs exactly the statements the scripts run
 //! (read back from pg_stat_statements, else the run stops with the
@@ -17,14 +12,6 @@
 //! database dropped on every path out (success, error, panic, Ctrl-C); the
 //! exit status says whether the benchmark could measure, not whether a
 //! target was met.
-//!
-//! Modules, by job: `bench` (one full run), `service` (the binary under
-//! test), `http` (the load client), `scenario` (what the clients send),
-//! `stats` (latencies and statuses), `database` (the bench database and
-//! the WAL it writes), `capture` (pg_stat_statements), `script`
-//! (pgbench scripts), `pgbench` (running it), `report` (the Markdown report
-//! and the targets), `runs` (targets judged over several runs, `--runs N`),
-//! `sustain` (a steady share of the maximum for minutes).
 
 mod bench;
 mod capture;

@@ -144,11 +144,10 @@ impl Pgbench {
             .await
             .context("cannot run pgbench (apt-get install postgresql-client)")?;
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&output.stderr);
+        let (status, stderr) = (output.status, String::from_utf8_lossy(&output.stderr));
         ensure!(
-            output.status.success(),
-            "pgbench failed ({}): {}\n{}",
-            output.status,
+            status.success(),
+            "pgbench failed ({status}): {}\n{}",
             stderr.trim(),
             stdout.trim()
         );
@@ -166,16 +165,16 @@ impl Pgbench {
     ) -> Result<PgbenchRun> {
         let run = format!("{}-{clients}-{}", workload.name(), plan.round);
         let mut args =
-            vec!["-c".to_owned(), clients.to_string(), "-j".to_owned(), THREADS.to_string()];
-        args.extend(set.args(workload, &run));
+            [vec![format!("-c{clients}"), format!("-j{THREADS}")], set.args(workload, &run)]
+                .concat();
         // -T takes whole seconds.
-        let seconds = |duration: Duration| ["-T".to_owned(), duration.as_secs().max(1).to_string()];
+        let seconds = |duration: Duration| format!("-T{}", duration.as_secs().max(1));
         let mut wal = Wal::default();
         if !plan.quick && !plan.warmup.is_zero() {
-            let warmup = [args.clone(), seconds(plan.warmup).to_vec()].concat();
+            let warmup = [&args[..], &[seconds(plan.warmup)]].concat();
             wal.requests = summary(&self.pgbench(&warmup).await?)?.1;
         }
-        args.extend(seconds(plan.measure));
+        args.push(seconds(plan.measure));
         args.extend(self.log_args(set, &run)?);
         let (tps, transactions) = summary(&self.pgbench(&args).await?)?;
         wal.requests += transactions;
@@ -194,9 +193,13 @@ impl Pgbench {
         (clients, rate): (usize, f64),
         length: Duration,
     ) -> Result<Vec<Tally>> {
-        let mut args =
-            vec![format!("-c{clients}"), format!("-j{THREADS}"), format!("--rate={rate:.0}")];
-        args.push(format!("-T{}", length.as_secs().max(1)));
+        let (seconds, rate) = (length.as_secs().max(1), format!("{rate:.0}"));
+        let mut args = vec![
+            format!("-c{clients}"),
+            format!("-j{THREADS}"),
+            format!("--rate={rate}"),
+            format!("-T{seconds}"),
+        ];
         args.extend(
             self.log_args(set, "sustain")?.into_iter().chain(set.args(workload, "sustain")),
         );
@@ -239,10 +242,9 @@ impl Pgbench {
             (&self.floor, Workload::Replay, "SELECT count(*) FROM bench_charges", 0),
         ] {
             let before = count(rows).await?;
-            let mut args =
-                vec!["-c".to_owned(), "1".to_owned(), "-t".to_owned(), CHECK_RUNS.to_string()];
-            args.extend(set.args(workload, "check"));
-            self.pgbench(&args).await?;
+            let args =
+                [vec!["-c1".to_owned(), format!("-t{CHECK_RUNS}")], set.args(workload, "check")];
+            self.pgbench(&args.concat()).await?;
             let made_now = count(rows).await? - before;
             ensure!(
                 made_now == made,

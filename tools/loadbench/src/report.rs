@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::capture::Capture;
-use crate::database::{Machine, Wal};
+use crate::database::Wal;
 use crate::pgbench::PgbenchRun;
 use crate::scenario::BurstCounts;
 use crate::stats::{Sample, SLOW};
@@ -91,7 +91,8 @@ impl Row {
 }
 
 pub struct Report {
-    pub machine: Machine,
+    /// Where the numbers were taken.
+    pub machine: String,
     pub rows: Vec<Row>,
     pub bursts: BurstCounts,
     pub peak_rss: u64,
@@ -237,7 +238,6 @@ impl Report {
             true => "quick run (smoke test: numbers are indicative only)",
             false => "full run",
         };
-        let m = &self.machine;
         let rounds = match plan.rounds {
             1 => String::new(),
             rounds => format!(
@@ -252,15 +252,12 @@ impl Report {
         let _ = writeln!(
             md,
             "## chargeonce load benchmark: {mode}, {when}\n\n\
-             Machine: {} cores (nproc), {}; PostgreSQL {} ({}). Service: release build, \
+             Machine: {}. Service: release build, \
              default configuration, simulated processor with 0 ms latency. Load generator: \
              one thread, one keep-alive HTTP/1.1 connection per client. Each point: \
              {:.1} s warm-up, then {:.0} s measured; then pgbench (`-n -M prepared -c C -j 2`, \
              the scripts beside this report) with the service's own SQL, then with the floor, likewise, at the same client count.{rounds}\n",
-            m.cores,
-            m.cpu,
-            m.postgres,
-            m.settings,
+            self.machine,
             plan.warmup.as_secs_f64(),
             plan.measure.as_secs_f64(),
         );
