@@ -38,6 +38,7 @@ pub struct Counts {
 
 pub type Instances = Arc<Vec<Mutex<Instance>>>;
 
+/// A random pause of `min_ms` to `max_ms`.
 fn pause(min_ms: u64, max_ms: u64) -> Duration {
     Duration::from_millis(rand::thread_rng().gen_range(min_ms..=max_ms))
 }
@@ -51,10 +52,7 @@ pub async fn network(instances: Instances, counts: Arc<Counts>, until: Instant) 
         if Instant::now() >= until {
             break;
         }
-        let (index, stall) = {
-            let mut rng = rand::thread_rng();
-            (rng.gen_range(0..instances.len()), rng.gen_bool(0.5))
-        };
+        let (index, stall) = (rand::thread_rng().gen_range(0..instances.len()), rand::random());
         // An instance being restarted is left alone: it must reach
         // PostgreSQL to become ready.
         let Ok(instance) = instances[index].try_lock() else {
@@ -63,13 +61,11 @@ pub async fn network(instances: Instances, counts: Arc<Counts>, until: Instant) 
         if instance.process.is_none() {
             continue;
         }
-        let mode = if stall {
-            counts.stalls.fetch_add(1, Ordering::Relaxed);
-            ProxyMode::Stall
-        } else {
-            counts.cuts.fetch_add(1, Ordering::Relaxed);
-            ProxyMode::Cut
+        let (mode, count) = match stall {
+            true => (ProxyMode::Stall, &counts.stalls),
+            false => (ProxyMode::Cut, &counts.cuts),
         };
+        count.fetch_add(1, Ordering::Relaxed);
         instance.proxy.set_mode(mode);
         drop(instance);
         tokio::time::sleep(pause(500, 3000)).await;

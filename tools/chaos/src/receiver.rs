@@ -104,20 +104,14 @@ async fn handle(
     state: &State,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, std::io::Error> {
-    let id = request
-        .headers()
-        .get("webhook-id")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+    let id = request.headers().get("webhook-id").and_then(|v| v.to_str().ok());
+    let id = id.unwrap_or_default().to_owned();
     let body = request.into_body().collect().await.map_err(std::io::Error::other)?.to_bytes();
     let roll: f64 = if state.failing.load(Ordering::SeqCst) { lock(&state.rng).gen() } else { 1.0 };
     let mut tally = lock(&state.tally);
     tally.arrived += 1;
-    let body_id = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|event| event["id"].as_str().map(str::to_owned));
-    if body_id.as_deref() != Some(id.as_str()) {
+    let event = serde_json::from_slice::<serde_json::Value>(&body).unwrap_or_default();
+    if event["id"].as_str() != Some(id.as_str()) {
         tally.mismatched.push(id.clone());
     }
     let mut response = Response::new(Full::new(Bytes::new()));

@@ -42,24 +42,16 @@ pub const SERVICE_SETTINGS: &[(&str, &str)] = &[
 /// so the caller can try again.
 pub async fn spawn(command: Command, ready: &'static str, log: PathBuf) -> Result<Spawned> {
     let options = SpawnOptions { log_file: Some(log), poll: Duration::from_millis(20) };
-    Spawned::try_start_with(command, ready, options)
-        .await
-        .map_err(|e| anyhow::anyhow!("the process did not start: {e}"))
+    let spawned = Spawned::try_start_with(command, ready, options).await;
+    spawned.map_err(|e| anyhow::anyhow!("the process did not start: {e}"))
 }
 
 pub async fn start_psp_sim(binary: &Chargeonce, dir: &Path, seed: u64) -> Result<Spawned> {
-    let command = binary.psp_sim_command(&[
-        "--error-rate",
-        &PSP_ERROR_RATE.to_string(),
-        "--lost-response-rate",
-        &PSP_LOST_RESPONSE_RATE.to_string(),
-        "--timeout-rate",
-        &PSP_TIMEOUT_RATE.to_string(),
-        "--hang-ms",
-        &PSP_HANG_MS.to_string(),
-        "--seed",
-        &seed.to_string(),
-    ]);
+    let args = format!(
+        "--error-rate {PSP_ERROR_RATE} --lost-response-rate {PSP_LOST_RESPONSE_RATE} \
+         --timeout-rate {PSP_TIMEOUT_RATE} --hang-ms {PSP_HANG_MS} --seed {seed}"
+    );
+    let command = binary.psp_sim_command(&args.split_whitespace().collect::<Vec<_>>());
     spawn(command, "/healthz", dir.join("psp-sim.log")).await
 }
 
@@ -157,27 +149,22 @@ impl Instance {
                     self.process = Some(process);
                     return Ok(failed);
                 }
-                Err(error) => {
-                    failed += 1;
-                    if failed >= tries {
-                        return Err(error.context(format!(
-                            "instance {} did not start {tries} times; its log: {}",
-                            self.index,
-                            log.display()
-                        )));
-                    }
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                Err(error) if failed + 1 >= tries => {
+                    let (index, log) = (self.index, log.display());
+                    let context =
+                        format!("instance {index} did not start {tries} times; its log: {log}");
+                    return Err(error.context(context));
                 }
+                Err(_) => failed += 1,
             }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
 
-    /// SIGKILL, then reaps the process.
+    /// SIGKILL; dropping the process then reaps it.
     pub fn kill(&mut self) {
         if let Some(process) = self.process.take() {
             process.signal(chargeonce_testkit::Signal::SIGKILL);
-            // Dropping reaps it.
-            drop(process);
         }
     }
 }

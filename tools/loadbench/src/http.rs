@@ -6,10 +6,10 @@
 //! Not hyper's client: at one client the load generator's CPU is part of
 //! every round trip measured, and hyper's (a connection task fed through a
 //! channel, a header map per answer) cost 12–17 µs of user CPU per request
-//! here, against about 5 µs for pgbench's client, the floor's load
-//! generator, and for this one: it writes a request prepared up to its key,
-//! reads the head with `httparse` (hyper's own parser) and skips the body by
-//! its `Content-Length`. It speaks only what the service answers: a
+//! here, against about 5 µs for pgbench's client (the floor's load
+//! generator) and for this one, which writes a request prepared up to its
+//! key, reads the head with `httparse` (hyper's own parser) and skips the
+//! body by its `Content-Length`. It speaks only what the service answers: a
 //! `Content-Length` body, keep-alive or `Connection: close`.
 
 use std::net::SocketAddr;
@@ -31,6 +31,7 @@ pub struct Http {
     stream: TcpStream,
     buffer: Vec<u8>,
     filled: usize,
+    /// The service said `Connection: close`.
     closed: bool,
 }
 
@@ -48,17 +49,13 @@ impl Answer {
     }
 }
 
-/// What a head says: status, replayed, head + body length, close.
-type Head = (u16, bool, usize, bool);
-
 impl Http {
     pub async fn connect(addr: SocketAddr) -> Result<Self> {
         let stream =
             TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
         // Requests are small and latency-bound: no Nagle delay.
         stream.set_nodelay(true)?;
-        let buffer = vec![0; 4096];
-        Ok(Self { stream, buffer, filled: 0, closed: false })
+        Ok(Self { stream, buffer: vec![0; 4096], filled: 0, closed: false })
     }
 
     /// `count` connections, opened one after the other.
@@ -103,8 +100,9 @@ impl Http {
     }
 }
 
-/// The head at the start of `bytes`, or `None` if it is not all there yet.
-fn parse_head(bytes: &[u8]) -> Result<Option<Head>> {
+/// The head at the start of `bytes` (status, replayed, head + body length,
+/// close), or `None` if it is not all there yet.
+fn parse_head(bytes: &[u8]) -> Result<Option<(u16, bool, usize, bool)>> {
     let mut headers = [httparse::EMPTY_HEADER; 32];
     let mut response = httparse::Response::new(&mut headers);
     let httparse::Status::Complete(head_length) =

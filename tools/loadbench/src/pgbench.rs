@@ -1,14 +1,13 @@
 //! Running pgbench: the two script sets of `script` (the service's own SQL
-//! and the floor) written to the output folder, checked for doing what they
-//! stand for, then run at each scenario's client count as
-//! `pgbench -n -M prepared -c C -j 2 -T D`, right after the service, for as
-//! long and after as long a warm-up. Throughput comes from pgbench's
-//! summary; percentiles from its per-transaction log (`-l`), one entry per
-//! script run, that is per charge or per replay.
+//! and the floor) written to the output folder and checked for doing what
+//! they stand for, then run as `pgbench -n -M prepared -c C -j 2 -T D` right
+//! after the service, as long and after as long a warm-up. Throughput comes
+//! from pgbench's summary, latencies from its per-transaction log (`-l`):
+//! one entry per script run, that is per charge or per replay.
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, ensure, Context as _, Result};
 use tokio_postgres::Client;
@@ -39,13 +38,13 @@ impl ScriptSet {
     /// `-f` and `-D` arguments for `workload`; `run` names the run.
     fn args(&self, workload: Workload, run: &str) -> Vec<String> {
         let file =
-            |path: &Path, weight: String| ["-f".to_owned(), format!("{}{weight}", path.display())];
+            |path: &Path, weight: &str| ["-f".to_owned(), format!("{}{weight}", path.display())];
         let files = match workload {
-            Workload::New => file(&self.new, String::new()).to_vec(),
-            Workload::Replay => file(&self.replay, String::new()).to_vec(),
+            Workload::New => file(&self.new, "").to_vec(),
+            Workload::Replay => file(&self.replay, "").to_vec(),
             Workload::Mix => [
-                file(&self.new, format!("@{MIX_NEW_PERCENT}")),
-                file(&self.replay, format!("@{}", 100 - MIX_NEW_PERCENT)),
+                file(&self.new, &format!("@{MIX_NEW_PERCENT}")),
+                file(&self.replay, &format!("@{}", 100 - MIX_NEW_PERCENT)),
             ]
             .concat(),
         };
@@ -97,7 +96,7 @@ pub struct Pgbench {
 }
 
 impl Pgbench {
-    /// Writes the four scripts to `out_dir`.
+    /// Writes the four scripts to `out_dir`, each with how to run it by hand.
     pub fn write_scripts(
         url: String,
         values: &ServiceValues,
@@ -123,8 +122,8 @@ impl Pgbench {
             (&floor, &floor.new, least, script::FLOOR_NEW.to_owned()),
             (&floor, &floor.replay, least, script::floor_replay(plan.pool_size)),
         ] {
-            let variables = set.variables("byhand");
-            let by_hand: String = variables.iter().map(|arg| shell_quote(arg) + " ").collect();
+            let by_hand: String =
+                set.variables("byhand").iter().map(|arg| shell_quote(arg) + " ").collect();
             let text = format!(
                 "{header}-- Each statement is its own transaction. By hand, on a bench database:\n\
                  --   pgbench -n -M prepared -c 1 -T 5 {by_hand}-f {} DATABASE_URL\n{body}",
@@ -136,13 +135,12 @@ impl Pgbench {
         Ok(Self { url, own_sql, floor, log_dir: out_dir.join("pgbench-log") })
     }
 
+    /// pgbench with `args`; its output.
     async fn pgbench(&self, args: &[String]) -> Result<String> {
         let mut command = tokio::process::Command::new("pgbench");
         command.args(["-n", "-M", "prepared"]).args(args).arg(&self.url).kill_on_drop(true);
-        let output = command
-            .output()
-            .await
-            .context("cannot run pgbench (apt-get install postgresql-client)")?;
+        let output = command.output().await;
+        let output = output.context("cannot run pgbench (apt-get install postgresql-client)")?;
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
         let (status, stderr) = (output.status, String::from_utf8_lossy(&output.stderr));
         ensure!(
@@ -178,9 +176,8 @@ impl Pgbench {
         args.extend(self.log_args(set, &run)?);
         let (tps, transactions) = summary(&self.pgbench(&args).await?)?;
         wal.requests += transactions;
-        let seconds = plan.measure.as_secs().max(1) as f64;
         let latencies = logged_latencies(&self.log_dir, None)?.remove(0);
-        Ok(PgbenchRun { tps, latencies, wal, seconds })
+        Ok(PgbenchRun { tps, latencies, wal, seconds: plan.measure.as_secs().max(1) as f64 })
     }
 
     /// `set`'s `workload` offered open-loop (`--rate`) at `rate` per second
@@ -193,17 +190,13 @@ impl Pgbench {
         (clients, rate): (usize, f64),
         length: Duration,
     ) -> Result<Vec<Tally>> {
-        let (seconds, rate) = (length.as_secs().max(1), format!("{rate:.0}"));
-        let mut args = vec![
-            format!("-c{clients}"),
-            format!("-j{THREADS}"),
-            format!("--rate={rate}"),
-            format!("-T{seconds}"),
-        ];
+        let (seconds, rate) = (length.as_secs().max(1), format!("--rate={rate:.0}"));
+        let mut args =
+            vec![format!("-c{clients}"), format!("-j{THREADS}"), rate, format!("-T{seconds}")];
         args.extend(
             self.log_args(set, "sustain")?.into_iter().chain(set.args(workload, "sustain")),
         );
-        let start = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+        let start = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH)?;
         self.pgbench(&args).await?;
         logged_latencies(&self.log_dir, Some((start.as_secs(), length.as_secs())))
     }
@@ -245,14 +238,12 @@ impl Pgbench {
             let args =
                 [vec!["-c1".to_owned(), format!("-t{CHECK_RUNS}")], set.args(workload, "check")];
             self.pgbench(&args.concat()).await?;
-            let made_now = count(rows).await? - before;
+            let (made_now, label, flow) = (count(rows).await? - before, set.label, workload.name());
+            let what = if made == 0 { "replay" } else { "new charge" };
             ensure!(
                 made_now == made,
-                "the {} {} script made {made_now} rows in {CHECK_RUNS} runs, not {made}: it does not do \
-                 what a {} does",
-                set.label,
-                workload.name(),
-                if made == 0 { "replay" } else { "new charge" }
+                "the {label} {flow} script made {made_now} rows in {CHECK_RUNS} runs, not {made}: \
+                 it does not do what a {what} does"
             );
         }
         say("pgbench scripts checked: a new charge is made once, a replay makes nothing");
@@ -268,8 +259,7 @@ fn summary(stdout: &str) -> Result<(f64, u64)> {
         let line = stdout.lines().find_map(|line| line.strip_prefix(prefix))?;
         line.split(|c: char| c.is_whitespace() || c == '/').next()?.parse().ok()
     };
-    let runs = number("number of transactions actually processed: ");
-    match (number("tps = "), runs) {
+    match (number("tps = "), number("number of transactions actually processed: ")) {
         (Some(tps), Some(runs)) => Ok((tps, runs as u64)),
         _ => bail!("no TPS or transactions in pgbench's output:\n{stdout}"),
     }
@@ -306,6 +296,7 @@ fn logged_latencies(log_dir: &Path, run: Option<(u64, u64)>) -> Result<Vec<Tally
     Ok(minutes)
 }
 
+/// `text` as one shell word.
 fn shell_quote(text: &str) -> String {
     match text.chars().all(|c| c.is_ascii_alphanumeric() || "-_=./:@".contains(c)) {
         true => text.to_owned(),

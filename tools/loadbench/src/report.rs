@@ -174,10 +174,11 @@ impl Report {
 
         let new_32 = self.row("new", TARGET_CONNECTIONS);
         let wal = new_32.and_then(wal_ratio);
+        let name = format!(
+            "WAL per new charge ≤ {WAL_NEW_MAX_OF_FLOOR:.1} × floor at {TARGET_CONNECTIONS}"
+        );
         targets.push(Target::on_number(
-            format!(
-                "WAL per new charge ≤ {WAL_NEW_MAX_OF_FLOOR:.1} × floor at {TARGET_CONNECTIONS}"
-            ),
+            name,
             number(wal, 2),
             wal,
             Bound::AtMost(WAL_NEW_MAX_OF_FLOOR),
@@ -196,32 +197,27 @@ impl Report {
 
         // The floor's own count at the same scenario tells a stall of the
         // machine (every client of the floor waits too) from one of ours.
-        let at_32: Vec<&Row> = (self.rows.iter())
-            .filter(|r| r.connections == TARGET_CONNECTIONS && r.floor.is_some())
-            .collect();
-        let slow: Vec<String> = (at_32.iter())
-            .map(|row| {
-                let floor = row
-                    .floor
-                    .as_ref()
-                    .map_or(String::new(), |run| format!(" (floor: {})", run.latencies.slow));
-                format!("{} {}{floor}", row.scenario, row.sample.tally.slow)
+        let at_32 = || self.rows.iter().filter(|r| r.connections == TARGET_CONNECTIONS);
+        let slow: Vec<String> = (at_32())
+            .filter_map(|row| Some((row, row.floor.as_ref()?.latencies.slow)))
+            .map(|(row, floor)| {
+                format!("{} {} (floor: {floor})", row.scenario, row.sample.tally.slow)
             })
             .collect();
-        targets.push(Target {
-            name: format!(
-                "no request over {} ms in any scenario at {TARGET_CONNECTIONS}",
-                SLOW.as_millis()
-            ),
-            measured: if slow.is_empty() { "not measured".to_owned() } else { slow.join(", ") },
-            met: (!at_32.is_empty()).then(|| at_32.iter().all(|row| row.sample.tally.slow == 0)),
-            number: None,
+        let measured = if slow.is_empty() { "not measured".to_owned() } else { slow.join(", ") };
+        let name = format!(
+            "no request over {} ms in any scenario at {TARGET_CONNECTIONS}",
+            SLOW.as_millis()
+        );
+        let met = (!slow.is_empty()).then(|| {
+            at_32().filter(|row| row.floor.is_some()).all(|row| row.sample.tally.slow == 0)
         });
+        targets.push(Target { name, measured, met, number: None });
+
         let failures: u64 = self.rows.iter().map(|row| row.sample.tally.non_2xx()).sum();
         let (name, measured) = ("zero non-2xx answers".to_owned(), failures.to_string());
         targets.push(Target { name, measured, met: Some(failures == 0), number: None });
-        let rss = mb(self.peak_rss);
-        let name = format!("peak RSS ≤ {PEAK_RSS_MAX_MB:.0} MB");
+        let (rss, name) = (mb(self.peak_rss), format!("peak RSS ≤ {PEAK_RSS_MAX_MB:.0} MB"));
         targets.push(Target::on_number(
             name,
             format!("{rss:.1} MB"),
