@@ -101,7 +101,7 @@ pub async fn crashes(
 
 /// Stops a Citus worker in immediate mode for `down`, then starts it
 /// again, the other faults paused from [`QUIET`] before; the answers
-/// meanwhile are counted by side (`Shared::outage`). Returns how long the
+/// meanwhile are counted by side (`Seen::outage`). Returns how long the
 /// worker was down.
 pub async fn worker_outage(
     worker: &mut Server,
@@ -113,9 +113,9 @@ pub async fn worker_outage(
     tokio::time::sleep(QUIET).await;
     worker.node().stop_immediate().await;
     let stopped = Instant::now();
-    lock(&shared.outage).since = Some(stopped);
+    lock(&shared.seen).outage.since = Some(stopped);
     tokio::time::sleep(down).await;
-    lock(&shared.outage).since = None;
+    lock(&shared.seen).outage.since = None;
     worker.start_again().await;
     stopped.elapsed()
 }

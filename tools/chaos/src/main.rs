@@ -210,7 +210,7 @@ async fn run(args: Args) -> Result<bool> {
     }
     receiver.stop_failing();
     let calm = Instant::now();
-    *lock(&shared.calm_since) = Some(calm);
+    lock(&shared.seen).calm_since = Some(calm);
     say("faults stopped; customers finish what they were doing");
     while customers.join_next().await.is_some() {}
 
@@ -224,13 +224,13 @@ async fn run(args: Args) -> Result<bool> {
     let settle_time = calm.elapsed();
     let ledger = Ledger::read(&psp.url).await?;
 
-    let records = std::mem::take(&mut *lock(&shared.records));
-    let told = Told { records: &records, bad_answers: &lock(&shared.bad_answers).clone() };
+    let seen = std::mem::take(&mut *lock(&shared.seen));
+    let (records, outage) = (&seen.records, &seen.outage);
+    let told = Told { records, bad_answers: &seen.bad_answers };
     let tally = receiver.tally();
     let mut verdicts = checks::check(&snapshot, &ledger, &tally, &told, settled);
-    let outage = std::mem::take(&mut *lock(&shared.outage));
     if worker_down.is_some() {
-        verdicts.push(checks::worker_outage(&outage));
+        verdicts.push(checks::worker_outage(outage));
     }
 
     // The summary.
@@ -238,10 +238,10 @@ async fn run(args: Args) -> Result<bool> {
     let charges = operations.clone().filter(|o| o.kind == Kind::Charge).count();
     let (bursts, refunds) = (operations.filter(|o| o.burst).count(), records.len() - charges);
     let n = |count: &std::sync::atomic::AtomicUsize| count.load(Ordering::Relaxed);
-    let (races, attempts) = (n(&shared.refund_races), n(&shared.attempts));
+    let (races, attempts) = (seen.refund_races, seen.attempts);
     let (cuts, stalls, kills) = (n(&counts.cuts), n(&counts.stalls), n(&counts.kills));
     let (restarts, failed_starts) = (n(&counts.restarts), n(&counts.failed_starts));
-    let statuses = describe(&lock(&shared.statuses));
+    let statuses = describe(&seen.statuses);
     let (restarted, on_citus) = match args.citus {
         true => ("the Citus coordinator", format!(" on Citus, {} merchants", merchants.len())),
         false => ("PostgreSQL", String::new()),

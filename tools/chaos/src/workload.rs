@@ -78,18 +78,24 @@ pub struct Shared {
     /// the run (Citus).
     on_stopped_worker: Vec<bool>,
     next: AtomicUsize,
-    /// Answers by status ("201", …, "no answer"), all phases.
-    pub statuses: Mutex<BTreeMap<String, u64>>,
+    pub seen: Mutex<Seen>,
+}
+
+/// Everything the customers saw, all phases.
+#[derive(Default)]
+pub struct Seen {
+    /// Answers by status ("201", …, "no answer").
+    pub statuses: BTreeMap<String, u64>,
     /// Answers that break the documented contract, with key and instance.
-    pub bad_answers: Mutex<Vec<String>>,
+    pub bad_answers: Vec<String>,
     /// Operations by key.
-    pub records: Mutex<HashMap<String, Record>>,
+    pub records: HashMap<String, Record>,
     /// Set once faults stopped: 503 is expected only before this plus
     /// [`GRACE`].
-    pub calm_since: Mutex<Option<Instant>>,
-    pub attempts: AtomicUsize,
-    pub refund_races: AtomicUsize,
-    pub outage: Mutex<Outage>,
+    pub calm_since: Option<Instant>,
+    pub attempts: usize,
+    pub refund_races: usize,
+    pub outage: Outage,
 }
 
 /// The answers while a worker is down (Citus), of attempts that began
@@ -115,18 +121,8 @@ impl Shared {
         let clients = (merchants.iter())
             .map(|(secret, _)| urls.iter().map(|url| client(url, secret)).collect())
             .collect::<Result<_, _>>()?;
-        Ok(Self {
-            clients,
-            on_stopped_worker: merchants.iter().map(|(_, stopped)| *stopped).collect(),
-            next: AtomicUsize::new(0),
-            statuses: Mutex::default(),
-            bad_answers: Mutex::default(),
-            records: Mutex::default(),
-            calm_since: Mutex::default(),
-            attempts: AtomicUsize::new(0),
-            refund_races: AtomicUsize::new(0),
-            outage: Mutex::default(),
-        })
+        let on_stopped_worker = merchants.iter().map(|(_, stopped)| *stopped).collect();
+        Ok(Self { clients, on_stopped_worker, next: AtomicUsize::new(0), seen: Mutex::default() })
     }
 
     fn instances(&self) -> usize {
@@ -139,23 +135,23 @@ impl Shared {
 
     /// An answer to an attempt of `merchant`'s begun at `began`.
     fn count(&self, status: &str, merchant: usize, began: Instant) {
-        *lock(&self.statuses).entry(status.to_owned()).or_default() += 1;
-        let mut outage = lock(&self.outage);
-        if outage.since.is_some_and(|since| since <= began) {
+        let mut seen = lock(&self.seen);
+        *seen.statuses.entry(status.to_owned()).or_default() += 1;
+        if seen.outage.since.is_some_and(|since| since <= began) {
             let side = usize::from(!self.on_stopped_worker[merchant]);
-            *outage.answers[side].entry(status.to_owned()).or_default() += 1;
+            *seen.outage.answers[side].entry(status.to_owned()).or_default() += 1;
         }
     }
 
     fn register(&self, operation: &Operation) {
-        lock(&self.records).entry(operation.key.as_str().to_owned()).or_default().operation =
-            Some(operation.clone());
+        let key = operation.key.as_str().to_owned();
+        lock(&self.seen).records.entry(key).or_default().operation = Some(operation.clone());
     }
 
     /// One attempt of `operation` on instance `instance`: its final
     /// outcome, or None to try again.
     async fn attempt(&self, operation: &Operation, instance: usize) -> Option<Outcome> {
-        self.attempts.fetch_add(1, Ordering::Relaxed);
+        lock(&self.seen).attempts += 1;
         let (began, key) = (Instant::now(), operation.key.clone());
         let client = &self.clients[operation.merchant][instance];
         let result = match &operation.refund {
@@ -177,7 +173,7 @@ impl Shared {
         let answer = status.map_or_else(|| "no answer".to_owned(), |s| s.to_string());
         self.count(&answer, operation.merchant, began);
         let key = operation.key.as_str();
-        let bad = |answer: String| lock(&self.bad_answers).push(answer);
+        let bad = |answer: String| lock(&self.seen).bad_answers.push(answer);
         match (&error, status) {
             (Error::Declined { charge, .. }, _) => {
                 Some(Outcome::Final { id: charge.id.clone(), status: "failed" })
@@ -193,7 +189,7 @@ impl Shared {
                 if matches!(error, Error::Api { retry_after: None, .. }) {
                     bad(format!("503 without Retry-After for key {key}"));
                 }
-                if lock(&self.calm_since).is_some_and(|since| since.elapsed() > GRACE) {
+                if lock(&self.seen).calm_since.is_some_and(|since| since.elapsed() > GRACE) {
                     bad(format!("503 after faults stopped: key {key} on instance {instance}"));
                 }
                 None
@@ -214,7 +210,7 @@ impl Shared {
         loop {
             if let Some(outcome) = self.attempt(operation, instance).await {
                 let key = operation.key.as_str().to_owned();
-                lock(&self.records).entry(key).or_default().outcomes.push(outcome);
+                lock(&self.seen).records.entry(key).or_default().outcomes.push(outcome);
                 return true;
             }
             if Instant::now() > deadline {
@@ -229,8 +225,7 @@ impl Shared {
 
     /// The operations without a final answer yet.
     pub fn unfinished(&self) -> Vec<Operation> {
-        lock(&self.records)
-            .values()
+        (lock(&self.seen).records.values())
             .filter(|record| record.outcomes.is_empty())
             .filter_map(|record| record.operation.clone())
             .collect()
@@ -269,7 +264,7 @@ pub async fn customer(shared: Arc<Shared>, merchant: usize, until: Instant) {
             let first = shared.next_instance();
             shared.drive(&operation, first, deadline(until)).await;
         } else {
-            shared.refund_races.fetch_add(1, Ordering::Relaxed);
+            lock(&shared.seen).refund_races += 1;
             refund_race(&shared, &operation, until).await;
         }
     }
@@ -314,8 +309,8 @@ async fn refund_race(shared: &Arc<Shared>, operation: &Operation, until: Instant
         return;
     }
     let charge_id = {
-        let records = lock(&shared.records);
-        match records.get(operation.key.as_str()).and_then(|r| r.outcomes.first()) {
+        let seen = lock(&shared.seen);
+        match seen.records.get(operation.key.as_str()).and_then(|r| r.outcomes.first()) {
             Some(Outcome::Final { id, status: "succeeded" }) => id.clone(),
             _ => return,
         }
