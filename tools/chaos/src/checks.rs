@@ -1,7 +1,6 @@
-//! The invariants, checked once faults stopped and everything settled,
-//! from three sources that do not depend on each other: the database and
-//! psp-sim's ledger (`snapshot`), and the receiver (what webhooks arrived);
-//! plus what the clients were told.
+//! The invariants (RELIABILITY.md), checked once everything settled from
+//! sources that do not depend on each other: the database and psp-sim's
+//! ledger (`snapshot`), the receiver, and what the clients were told.
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -1,15 +1,9 @@
-//! The faults the run injects while it lasts, each counted:
-//! - network: a random instance's proxy to PostgreSQL cuts every
-//!   connection (and refuses new ones) or stalls them (a partition: no
-//!   error, nothing moves) for 0.5–3 s;
-//! - crashes: SIGKILL of a random instance every few seconds, started
-//!   again (same port) after a short pause.
-//!
-//! The PostgreSQL restart and the Citus worker's outage are in `main` (it
-//! owns the servers); psp-sim's and the receiver's faults are their own.
-//! Each fault here holds `Counts::quiet` for reading while it lasts: the
-//! worker's outage holds it for writing, so these faults pause meanwhile
-//! and what its merchants' neighbours see is the outage's doing alone.
+//! The faults run here, each counted: an instance's proxy to PostgreSQL
+//! cuts or stalls its connections (a partition: nothing moves) for
+//! 0.5–3 s; an instance is SIGKILLed every few seconds and started again.
+//! They hold `Counts::quiet` for reading while they last: a Citus worker's
+//! outage holds it for writing, so they pause meanwhile and what its
+//! merchants' neighbours see is the outage's doing alone.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

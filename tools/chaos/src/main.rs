@@ -1,16 +1,9 @@
-//! The chaos run of chargeonce (RELIABILITY.md): a private PostgreSQL,
-//! three real service instances each behind a fault proxy, psp-sim with
-//! faults, a webhook receiver that fails deliveries, and concurrent clients,
-//! while connections are cut and stalled, instances are SIGKILLed and
-//! started again, and PostgreSQL is restarted in immediate mode. Then the
-//! faults stop, everything settles, and the invariants are checked from the
-//! database, psp-sim's ledger and the receiver. Exit status: 0 when every
-//! invariant holds, 1 on a violation (the offenders are named), 2 when the
-//! run could not be made. With `--citus`, the database is a private Citus
-//! cluster, merchants on both workers, and one worker is stopped for a
-//! while.
-//!
-//! `cargo run --release -p chaos -- --seconds 60 [--citus]`
+//! The chaos run of chargeonce (RELIABILITY.md): three real instances,
+//! each behind a fault proxy to a private PostgreSQL (or Citus cluster),
+//! psp-sim with faults, a failing webhook receiver and concurrent
+//! customers, under cuts, stalls, SIGKILLs and a PostgreSQL restart; then
+//! the invariants. Exit status: 0 when every invariant holds, 1 on a
+//! violation (the offenders are named), 2 when the run could not be made.
 
 mod checks;
 mod faults;

@@ -1,7 +1,6 @@
-//! The webhook receiver of the run: a real HTTP/1.1 server (hyper's, which
-//! can drop a connection without answering) on a free port. While faults
-//! are on it fails a share of deliveries, answering 500 or closing the
-//! connection without an answer; afterwards it accepts everything. It
+//! The webhook receiver: hyper's HTTP/1.1 server, which can drop a
+//! connection without answering. While faults are on it answers a share of
+//! deliveries 500 or drops them; afterwards it accepts everything. It
 //! records each `webhook-id` that arrived and each it acknowledged (2xx).
 
 use std::collections::HashMap;

@@ -1,7 +1,6 @@
-//! What the invariants are checked against, read once everything settled
-//! from sources that do not depend on each other: the database (read
-//! directly, not through the service) and psp-sim's ledger (what money
-//! moved).
+//! What the invariants are checked against, read once everything settled:
+//! the database (directly, not through the service) and psp-sim's ledger
+//! (what money moved).
 
 use std::collections::BTreeMap;
 

@@ -1,8 +1,7 @@
-//! What the run starts: the real `chargeonce` binary (through the test
-//! kit's `Chargeonce`) as three service instances, each reaching PostgreSQL
-//! through a fault proxy of its own, and as `psp-sim` with its faults on.
-//! Every process is a child of this one, killed when its [`Spawned`] is
-//! dropped; nothing outside is touched.
+//! What the run starts: the real `chargeonce` binary as three service
+//! instances, each reaching PostgreSQL through a fault proxy of its own,
+//! and as `psp-sim` with its faults on. Every process is a child of this
+//! one, killed when its [`Spawned`] is dropped.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,17 +1,11 @@
-//! The customers: concurrent clients using `chargeonce-client`, each
-//! attempt to the next instance in turn (round-robin), making charges and
-//! refunds. Every logical operation has one idempotency key, made once and
-//! sent with the same body on every attempt, whichever instance it goes to.
-//! The client runs with `RetryPolicy::no_retries()` and the retry loop is
-//! here, so every answer's status is seen and recorded.
-//!
-//! Scenarios, drawn at random:
-//! - a charge;
-//! - a burst: one key sent at the same moment to every instance, each
-//!   sender retrying until final (every final answer must name one charge);
-//! - a refund race: a charge, then concurrent refunds of it with different
-//!   keys, each of 45 % of it, one per instance (at most two can have the
-//!   money).
+//! The customers: `chargeonce-client` with `RetryPolicy::no_retries()`,
+//! the retry loop here so that every answer's status is seen, each attempt
+//! to the next instance in turn. Every logical operation has one key and
+//! one body, whichever instance an attempt goes to. Scenarios, at random: a
+//! charge; a burst (one key sent at once to every instance, each sender
+//! retrying until final); a refund race (a charge, then one refund of 45 %
+//! of it per instance at once, with different keys: at most two can have
+//! the money).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};

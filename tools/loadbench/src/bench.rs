@@ -1,7 +1,6 @@
-//! One full run, between creating the bench database and dropping it: the
-//! statements captured and checked, then every scenario at every client
-//! count in interleaved rounds with both pgbench yardsticks, then the
-//! burst; and the sustained run's set-up.
+//! One full run on a fresh database: the statements captured and checked,
+//! every scenario at every client count in interleaved rounds with both
+//! pgbench yardsticks, then the burst; and the sustained run's set-up.
 
 use std::path::Path;
 use std::time::Duration;

@@ -1,12 +1,8 @@
 //! What the service asks PostgreSQL per request, read back from
-//! pg_stat_statements, and the check that it is exactly what the pgbench
-//! scripts run (they are built from the constants of `chargeonce::db`):
-//! every statement the service executed must be one of
-//! `db::ALL_STATEMENTS`, and the ones it executes (about) once per request
-//! must be exactly the ones the flow's script runs. When the request path
-//! changes, the benchmark stops with the statement's text instead of
-//! comparing against the wrong SQL. It also gives the round trips per
-//! request, background included.
+//! pg_stat_statements: every statement must be one of `db::ALL_STATEMENTS`,
+//! and the ones run about once per request exactly those the flow's script
+//! runs, so that a changed request path stops the benchmark instead of
+//! comparing against the wrong SQL. Also the round trips per request.
 
 use std::sync::LazyLock;
 

@@ -1,9 +1,6 @@
-//! The bench database: a fresh, empty database made by the test kit on the
-//! server the benchmark is given (dropped at the end, a crashed run's
-//! leftovers swept by the kit), with pg_stat_statements, the service's
-//! schema (migrated by the binary itself) and the floor's table. Also what
-//! the report says about the server, the quiet start of each run and the
-//! WAL each run wrote.
+//! The bench database (made and dropped by the test kit, with
+//! pg_stat_statements), the floor's table, the quiet start of each run and
+//! the WAL each run wrote.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -24,16 +21,14 @@ pub async fn connect(url: &str) -> Result<Client> {
 }
 
 pub struct BenchDatabase {
-    /// Dropped with this value.
     database: TestDatabase,
     pub url: String,
-    /// A connection to the bench database.
     pub client: Client,
     /// A connection to the server's admin database (CHECKPOINT).
     pub admin: Client,
     /// pg_walinspect is installed: the WAL's full-page images are counted.
     walinspect: bool,
-    /// A failed CHECKPOINT was reported.
+    /// Whether a failed CHECKPOINT was reported.
     warned: Cell<bool>,
 }
 
@@ -60,14 +55,12 @@ impl BenchDatabase {
         Ok(Self { url: database.url.clone(), database, client, admin, walinspect, warned })
     }
 
-    /// Drops the database (its connections are ended first).
     pub fn close(self) {
         let name = self.database.name.clone();
         drop(self.database);
         say(format!("dropped the database {name}"));
     }
 
-    /// The floor's table, with `pool_size` rows for its lookups.
     pub async fn create_floor(&self, pool_size: usize) -> Result<()> {
         let sql = format!("{}{}", script::FLOOR_TABLE, script::floor_rows(pool_size));
         self.client.batch_execute(&sql).await.context("creating the floor's table")

@@ -39,8 +39,7 @@ use crate::database::BenchDatabase;
 use crate::service::ServiceBinary;
 
 /// Measures chargeonce against pgbench running its own SQL and a fixed
-/// floor. Normally run through scripts/bench, which also provides the
-/// PostgreSQL server.
+/// floor. Normally run through scripts/bench, which provides PostgreSQL.
 #[derive(Parser)]
 #[command(name = "chargeonce-loadbench")]
 struct Args {
@@ -83,7 +82,7 @@ struct Args {
     out: Option<PathBuf>,
 }
 
-/// How long and how wide each step runs.
+/// How long and how wide each step runs, in how many interleaved rounds.
 #[derive(Clone)]
 pub struct Plan {
     pub quick: bool,
@@ -93,7 +92,6 @@ pub struct Plan {
     /// Charges created beforehand whose keys replays re-send; the floor's
     /// lookup table has as many rows.
     pub pool_size: usize,
-    /// How many interleaved rounds each point is measured in.
     pub rounds: usize,
     /// Which of a point's rounds this is: part of the keys and pgbench's run
     /// names, so that a later round never re-sends an earlier one's new keys.

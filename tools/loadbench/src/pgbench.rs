@@ -1,9 +1,7 @@
-//! Running pgbench: the two script sets of `script` (the service's own SQL
-//! and the floor) written to the output folder and checked for doing what
-//! they stand for, then run as `pgbench -n -M prepared -c C -j 2 -T D` right
-//! after the service, as long and after as long a warm-up. Throughput comes
-//! from pgbench's summary, latencies from its per-transaction log (`-l`):
-//! one entry per script run, that is per charge or per replay.
+//! Running pgbench: the scripts of `script` written and checked, then run
+//! as `pgbench -n -M prepared -c C -j 2` right after the service, as long
+//! and after as long a warm-up. Throughput from its summary, latencies from
+//! its per-transaction log (`-l`): one entry per charge or replay.
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -1,12 +1,6 @@
-//! The Markdown report (printed and written to `report.md`) and the
-//! targets, each with PASS or MISS. A missed target is a result, not a
-//! failure: the benchmark's exit status does not depend on it.
-//!
-//! The two ratios: **service ÷ own SQL** is the cost of our layer over the
-//! SQL the service runs; **service ÷ floor** also includes what that SQL
-//! costs over the least this design can cost, and is the one the targets
-//! use, because a ratio against our own SQL improves when the SQL gets
-//! slower.
+//! The Markdown report and its targets, PASS or MISS; a missed target is a
+//! result, not a failure. The targets use service ÷ floor, not service ÷
+//! own SQL, which improves when our SQL gets slower.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -36,20 +30,17 @@ pub fn ratio(sample: &Sample, yardstick: Option<&PgbenchRun>) -> Option<f64> {
     yardstick.filter(|run| run.tps > 0.0).map(|run| sample.rps() / run.tps)
 }
 
-/// The lowest and the highest of `values`; None if there are none.
 pub fn lowest_and_highest(values: &[f64]) -> Option<(f64, f64)> {
     let (&first, rest) = values.split_first()?;
     Some(rest.iter().fold((first, first), |(low, high), &v| (low.min(v), high.max(v))))
 }
 
 impl Row {
-    /// A scenario measured without the yardsticks.
     pub fn alone(scenario: String, connections: usize, sample: Sample) -> Self {
         let floor_ratio_by_round = Vec::new();
         Row { scenario, connections, sample, own: None, floor: None, floor_ratio_by_round }
     }
 
-    /// A point's first round: the service, its own SQL, the floor.
     pub fn first_round(
         scenario: String,
         connections: usize,
@@ -66,7 +57,6 @@ impl Row {
         }
     }
 
-    /// Adds a later round of the same point to each side.
     pub fn add_round(&mut self, sample: Sample, own: PgbenchRun, floor: PgbenchRun) -> Result<()> {
         self.floor_ratio_by_round.extend(ratio(&sample, Some(&floor)));
         self.sample.merge(&sample)?;
@@ -91,7 +81,6 @@ impl Row {
 }
 
 pub struct Report {
-    /// Where the numbers were taken.
     pub machine: String,
     pub rows: Vec<Row>,
     pub bursts: BurstCounts,
@@ -132,7 +121,6 @@ impl Target {
     }
 }
 
-/// Clients at which latency targets apply.
 const TARGET_CONNECTIONS: usize = 32;
 const NEW_MIN_OF_FLOOR: f64 = 0.8;
 const REPLAY_MIN_OF_FLOOR: f64 = 1.0;

@@ -1,14 +1,10 @@
-//! Several full runs, and each target judged over all of them
-//! (`scripts/bench --runs N`).
-//!
-//! One run's ratio is one draw: at one client, where the scheduler puts the
-//! two ends of a round trip moves a point by more than the service's margin,
-//! so a target near parity passes one run and misses the next. Over runs, a
-//! target on a number is judged by the mean and its 95 % confidence interval
-//! (Student's t, the runs taken as independent draws): **met** when the
-//! whole interval keeps the bound, **missed** when the whole interval breaks
-//! it, **undecided** when it straddles it. A target that something never
-//! happens has no mean: it is met only if every run met it.
+//! `--runs N`: each target judged over all runs. One run's ratio is one
+//! draw (at one client, where the scheduler puts the two ends of a round
+//! trip moves a point by more than the service's margin). A target on a
+//! number is MET when the 95 % confidence interval of its mean (Student's
+//! t) keeps the bound, MISSED when it breaks it, UNDECIDED when it
+//! straddles it; a target that something never happens, only if every run
+//! met it.
 
 use std::fmt::Write as _;
 

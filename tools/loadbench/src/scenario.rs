@@ -1,15 +1,10 @@
-//! What the simulated clients send, and how a run is timed.
-//!
-//! Each scenario is a closed loop: `connections` clients, each on its own
-//! keep-alive connection, send their next request when the previous answer
-//! is complete, for a warm-up and then a measured window; only answers that
-//! arrive within the window count. A fresh key is a new charge, a key of the
-//! charges created beforehand (the pool) is a replay. Each client draws from
-//! its own seeded generator, so a run sends the same keys every time.
-//!
-//! The burst is different: rounds of [`BURST`] requests with one fresh key,
-//! released together by a barrier; exactly one of them may create the
-//! charge.
+//! What the simulated clients send. A scenario is a closed loop: each
+//! client on its own keep-alive connection sends its next request when the
+//! previous answer is complete; only answers within the measured window
+//! count. A fresh key is a new charge, a key of the pool a replay; each
+//! client draws from its own seeded generator, so every run sends the same
+//! keys. The burst: rounds of [`BURST`] requests with one fresh key,
+//! released together; exactly one may create the charge.
 
 use std::time::Instant;
 

@@ -40,7 +40,6 @@ pub const NEW_CHARGE_STATEMENTS: &[&str] = &[
     "charges::RECORD_EVENT",
     "events::QUEUE",
 ];
-/// The constants a replay runs.
 pub const REPLAY_STATEMENTS: &[&str] = &["charges::INSERT_OR_FIND"];
 
 /// A time-ordered id like the service's UUIDv7: milliseconds, then random,
@@ -51,7 +50,6 @@ const NEW_ID_SQL: &str =
                           || left(md5(random()::text), 20)";
 /// The simulated processor's payment id: distinct per charge.
 const PAYMENT_ID_SQL: &str = "'sim_' || left(md5(random()::text), 24)";
-/// pgbench's largest random() bound.
 const RANDOM_MAX: &str = "9223372036854775806";
 
 /// `value` as the parameter's text in a statement, cast to its declared
@@ -181,7 +179,6 @@ pub struct ServiceValues {
 }
 
 impl ServiceValues {
-    /// From the first charge, made by the service.
     pub async fn read(db: &Client) -> Result<Self> {
         let row = db
             .query_one(

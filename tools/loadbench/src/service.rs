@@ -1,15 +1,8 @@
-//! The binary under test: the release `chargeonce`, run as a separate
-//! process as it runs in production, never linked in, through the test
-//! kit's `Chargeonce` (a clean environment).
-//!
-//! `serve` gets the database, port 0, the simulated processor answering at
-//! once, the caller's `CHARGEONCE__…` variables (so a setting can be
-//! measured against the defaults) and `RUST_LOG` if the caller set one
-//! (else the service's default, info). It runs from the output folder,
-//! where there is no config/ folder: the embedded defaults apply, not a
-//! developer's config/local.toml. Its log goes to `service.log` there,
-//! written by the service itself, so its access-log lines cost the load
-//! generator nothing.
+//! The binary under test: the release `chargeonce` as a separate process,
+//! from the output folder (no config/ there: the embedded defaults), with
+//! the simulated processor answering at once, the caller's `CHARGEONCE__…`
+//! variables and `RUST_LOG`. It writes its own log to `service.log`, so its
+//! access log costs the load generator nothing.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -1,8 +1,6 @@
-//! What a measured run gave: every answer's latency in an HDR histogram
-//! (3 significant digits: a percentile is exact to 0.1 %), an exact count
-//! of answers slower than [`SLOW`], every status (pgbench's runs have
-//! none), and the WAL written meanwhile. Clients record into tallies of
-//! their own, merged at the end, so recording never waits.
+//! Latencies in an HDR histogram (3 significant digits), an exact count of
+//! answers slower than [`SLOW`], statuses and WAL. Each client records into
+//! its own tally, merged at the end, so recording never waits.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,20 +1,10 @@
-//! The sustained run (`scripts/bench --sustain SECONDS`): does the service
-//! hold a steady load for minutes without its memory growing or its error
-//! rate rising?
-//!
-//! First the mix's maximum throughput is measured as in the benchmark (a
-//! closed loop at 32 connections); then [`CONNECTIONS`] clients send the
-//! mix at `percent` of that rate for the run's length. The load is open:
-//! client `c` of `n` sends its `k`-th request at `(k + c / n) · n / rate`,
-//! so a slow answer does not slow the offered load down; a client that
-//! falls behind sends at once, and a latency runs from the scheduled time.
-//!
-//! Recorded: per second, the answers (2xx, other statuses, none) and the
-//! service's resident memory; per minute, a latency histogram; over the
-//! run, the WAL per request (the server's log, with PostgreSQL's default
-//! `log_checkpoints`, says when checkpoints ran and why). Then the floor's
-//! mix likewise, offered open-loop by pgbench (`--rate`) at `percent` of its
-//! own maximum. It measures and reports; it fails only when it cannot run.
+//! The sustained run (`--sustain SECONDS`, RELIABILITY.md): the mix's
+//! maximum (closed loop, 32 connections), then `percent` of it offered
+//! open-loop for the run's length: client `c` of `n` sends its `k`-th
+//! request at `(k + c / n) · n / rate`, so a slow answer does not slow the
+//! load, and a latency runs from the scheduled time. Per second: answers
+//! and resident memory; per minute: latencies; over the run: WAL. Then the
+//! floor's mix at `percent` of its own maximum through pgbench `--rate`.
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
