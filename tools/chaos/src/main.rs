@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use chargeonce_testkit::{Chargeonce, Citus, Proxy, Server, TestDatabase};
 use clap::Parser;
+use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Mutex;
 
 use crate::checks::Told;
@@ -30,7 +31,6 @@ use crate::snapshot::{Ledger, Snapshot};
 use crate::stack::Instance;
 use crate::workload::{lock, Kind, Shared};
 
-/// Service instances.
 const INSTANCES: usize = 3;
 /// Offenders printed per invariant (all of them go to the report file).
 const SHOWN: usize = 20;
@@ -76,27 +76,20 @@ pub fn say(message: &str) {
 fn main() -> ExitCode {
     let args = Args::parse();
     START.get_or_init(Instant::now);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("chaos: cannot start the runtime: {error}");
-            return ExitCode::from(2);
-        }
-    };
-    // Ctrl-C or SIGTERM (a CI timeout) end the run the same way as its end
-    // does: every process and the PostgreSQL server are stopped.
-    let result = runtime.block_on(async {
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            result = run(args) => result,
-            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
-            _ = terminate.recv() => Err(anyhow::anyhow!("terminated")),
-        }
+    // Ctrl-C or SIGTERM (a CI timeout) end the run as its end does: the
+    // runtime is dropped, with every task and the processes, proxies and
+    // PostgreSQL server they hold.
+    let runtime = tokio::runtime::Runtime::new().context("a tokio runtime");
+    let result = runtime.and_then(|runtime| {
+        runtime.block_on(async {
+            let mut terminate = signal(SignalKind::terminate())?;
+            tokio::select! {
+                result = run(args) => result,
+                _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+                _ = terminate.recv() => Err(anyhow::anyhow!("terminated")),
+            }
+        })
     });
-    // Dropping the runtime drops every task, and with them the processes,
-    // proxies and the PostgreSQL server they hold.
-    drop(runtime);
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
@@ -110,10 +103,8 @@ fn main() -> ExitCode {
 /// The whole run; `Ok(false)` when an invariant was violated.
 async fn run(args: Args) -> Result<bool> {
     let seed = args.seed.unwrap_or_else(rand::random);
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/chaos"));
+    let default_out = || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/chaos");
+    let out = args.out.clone().unwrap_or_else(default_out);
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let binary = match args.service.clone() {
         Some(path) => Chargeonce::new(path, &out),
