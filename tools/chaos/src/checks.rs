@@ -28,7 +28,6 @@ fn text(value: &Value, field: &str) -> String {
     value[field].as_str().unwrap_or_default().to_owned()
 }
 
-/// What the clients saw.
 pub struct Told<'a> {
     pub records: &'a HashMap<String, Record>,
     pub bad_answers: &'a [String],

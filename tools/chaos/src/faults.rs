@@ -32,7 +32,6 @@ pub struct Counts {
 
 pub type Instances = Arc<Vec<Mutex<Instance>>>;
 
-/// A random pause of `min_ms` to `max_ms`.
 fn pause(min_ms: u64, max_ms: u64) -> Duration {
     Duration::from_millis(rand::thread_rng().gen_range(min_ms..=max_ms))
 }

@@ -67,7 +67,6 @@ struct Args {
 
 static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
 
-/// A progress line on stderr, with the time since the start.
 pub fn say(message: &str) {
     let elapsed = START.get_or_init(Instant::now).elapsed();
     eprintln!("chaos [{:6.1}s] {message}", elapsed.as_secs_f64());
@@ -217,7 +216,6 @@ async fn run(args: Args) -> Result<bool> {
         verdicts.push(checks::worker_outage(outage));
     }
 
-    // The summary.
     let operations = records.values().filter_map(|r| r.operation.as_ref());
     let charges = operations.clone().filter(|o| o.kind == Kind::Charge).count();
     let (bursts, refunds) = (operations.filter(|o| o.burst).count(), records.len() - charges);
@@ -319,7 +317,6 @@ fn describe<T: std::fmt::Display>(counts: &BTreeMap<String, T>) -> String {
     }
 }
 
-/// A connection to the run's PostgreSQL, served by a task of its own.
 async fn connect(url: &str) -> Result<tokio_postgres::Client> {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
@@ -349,7 +346,6 @@ async fn settle(
     }
 }
 
-/// The merchant's webhook endpoint: every event type, to the receiver.
 async fn create_endpoint(base: &str, secret: &str, url: &str) -> Result<()> {
     let response = reqwest::Client::new()
         .post(format!("{base}/v1/webhook_endpoints"))

@@ -19,9 +19,8 @@ use tokio::task::JoinHandle;
 
 use crate::workload::lock;
 
-/// Share of deliveries answered 500 while faults are on.
+/// Shares of deliveries answered 500 and dropped while faults are on.
 pub const FAIL_RATE: f64 = 0.15;
-/// Share of deliveries dropped without an answer while faults are on.
 pub const DROP_RATE: f64 = 0.10;
 
 #[derive(Default)]
@@ -86,12 +85,10 @@ impl Receiver {
         Ok(Self { url: format!("http://127.0.0.1:{port}/hooks"), state, accept })
     }
 
-    /// From now on, every delivery is accepted.
     pub fn stop_failing(&self) {
         self.state.failing.store(false, Ordering::SeqCst);
     }
 
-    /// What was received so far.
     pub fn tally(&self) -> MutexGuard<'_, Tally> {
         lock(&self.state.tally)
     }

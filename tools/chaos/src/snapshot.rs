@@ -36,7 +36,6 @@ pub struct Snapshot {
     pub charges: Vec<Row>,
     pub refunds: Vec<Row>,
     pub events: Vec<EventRow>,
-    /// Deliveries by status.
     pub deliveries: BTreeMap<String, i64>,
     /// Deliveries not `delivered`: "event id, status, last error".
     pub undelivered: Vec<String>,
@@ -94,13 +93,11 @@ impl Snapshot {
         })
     }
 
-    /// Every charge, then every refund, with what it is.
     pub fn objects(&self) -> impl Iterator<Item = (&'static str, &Row)> {
         let charges = self.charges.iter().map(|row| ("charge", row));
         charges.chain(self.refunds.iter().map(|row| ("refund", row)))
     }
 
-    /// Charges and refunds not final yet.
     pub fn pending(&self) -> usize {
         self.objects().filter(|(_, row)| row.status == "pending").count()
     }

@@ -160,7 +160,6 @@ impl Instance {
         }
     }
 
-    /// SIGKILL; dropping the process then reaps it.
     pub fn kill(&mut self) {
         if let Some(process) = self.process.take() {
             process.signal(chargeonce_testkit::Signal::SIGKILL);

@@ -52,7 +52,6 @@ pub struct Operation {
     pub charge: NewCharge,
     /// For a refund: the charge and the request.
     pub refund: Option<(String, NewRefund)>,
-    /// A burst: sent by several senders at once.
     pub burst: bool,
 }
 
@@ -75,14 +74,12 @@ pub struct Shared {
     pub seen: Mutex<Seen>,
 }
 
-/// Everything the customers saw, all phases.
 #[derive(Default)]
 pub struct Seen {
     /// Answers by status ("201", …, "no answer").
     pub statuses: BTreeMap<String, u64>,
     /// Answers that break the documented contract, with key and instance.
     pub bad_answers: Vec<String>,
-    /// Operations by key.
     pub records: HashMap<String, Record>,
     /// Set once faults stopped: 503 is expected only before this plus
     /// [`GRACE`].
@@ -127,7 +124,6 @@ impl Shared {
         self.next.fetch_add(1, Ordering::Relaxed) % self.instances()
     }
 
-    /// An answer to an attempt of `merchant`'s begun at `began`.
     fn count(&self, status: &str, merchant: usize, began: Instant) {
         let mut seen = lock(&self.seen);
         *seen.statuses.entry(status.to_owned()).or_default() += 1;
@@ -217,7 +213,6 @@ impl Shared {
         }
     }
 
-    /// The operations without a final answer yet.
     pub fn unfinished(&self) -> Vec<Operation> {
         (lock(&self.seen).records.values())
             .filter(|record| record.outcomes.is_empty())
@@ -242,7 +237,6 @@ pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// One customer of `merchant`: scenarios until `until`.
 pub async fn customer(shared: Arc<Shared>, merchant: usize, until: Instant) {
     while Instant::now() < until {
         let (roll, amount): (f64, i64) = {

@@ -1,20 +1,25 @@
 //! One full run on a fresh database: the statements captured and checked,
 //! every scenario at every client count in interleaved rounds with both
 //! pgbench yardsticks, then the burst; and the sustained run's set-up.
+//!
+//! The binary under test is the release `chargeonce` as a separate process,
+//! run from the output folder (no config/ there: the embedded defaults),
+//! with the simulated processor answering at once, the caller's
+//! `CHARGEONCE__…` variables and `RUST_LOG`. It writes its own log to
+//! `service.log`, so its access log costs the load generator nothing.
 
-use std::path::Path;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _, Result};
-use chargeonce_testkit::Spawned;
+use chargeonce_testkit::{Chargeonce, SpawnOptions, Spawned};
 
 use crate::capture::{self, Capture};
-use crate::database::{BenchDatabase, Wal};
+use crate::database::BenchDatabase;
 use crate::http::Api;
 use crate::pgbench::Pgbench;
 use crate::report::{Report, Row};
 use crate::scenario::{self, Workload};
-use crate::service::ServiceBinary;
 use crate::sustain::{self, Sustained};
 use crate::{say, script, Plan};
 
@@ -24,17 +29,94 @@ const CAPTURE_REQUESTS: usize = 500;
 const FIRST_CONNECTIONS: usize = 32;
 /// Connections that create the charges replays are drawn from.
 const POOL_FILL_CONNECTIONS: usize = 32;
+/// Starts of the service timed from spawn to ready.
+const READY_SAMPLES: usize = 5;
+/// How long a failed request waits for the service to exit, to tell a
+/// stopped service from a broken connection.
+const EXIT_GRACE: Duration = Duration::from_secs(5);
 
-/// The bench database migrated, with its merchant; the merchant's API key.
-async fn migrate_and_create_merchant(
-    binary: &ServiceBinary,
-    database: &BenchDatabase,
-) -> Result<String> {
-    say("migrating and creating the merchant");
-    binary.cli(&database.url, &["migrate"]).await?;
-    let api_key = binary.cli(&database.url, &["merchant", "create", "Bench"]).await?;
-    ensure!(!api_key.is_empty(), "`chargeonce merchant create` printed no API key");
-    Ok(api_key)
+pub struct ServiceBinary {
+    binary: Chargeonce,
+    /// Where the service runs and writes `service.log`, and the report goes.
+    pub out_dir: PathBuf,
+}
+
+impl ServiceBinary {
+    /// The binary given, or `chargeonce` beside this program (built first
+    /// when run by cargo).
+    pub fn find(chosen: Option<PathBuf>, out_dir: &Path) -> Result<Self> {
+        let binary = match chosen {
+            Some(path) => Chargeonce::new(path, out_dir),
+            None => Chargeonce::beside_this_program(out_dir).map_err(anyhow::Error::msg)?,
+        };
+        Ok(Self { binary, out_dir: out_dir.to_owned() })
+    }
+
+    /// The bench database migrated, with its merchant; the merchant's API key.
+    async fn migrate_and_create_merchant(&self, database: &BenchDatabase) -> Result<String> {
+        say("migrating and creating the merchant");
+        let run = |args| async move {
+            self.binary.run(&database.url, args).await.map_err(anyhow::Error::msg)
+        };
+        run(&["migrate"]).await?;
+        let api_key = run(&["merchant", "create", "Bench"]).await?;
+        ensure!(!api_key.is_empty(), "`chargeonce merchant create` printed no API key");
+        Ok(api_key)
+    }
+
+    /// `chargeonce serve`, ready; killed when dropped. `poll` is how often
+    /// it is asked whether it is ready yet.
+    async fn spawn(&self, database_url: &str, poll: Duration) -> Spawned {
+        let mut command = self.binary.serve_command(database_url);
+        command
+            .env("CHARGEONCE__PROCESSOR__KIND", "simulated")
+            .env("CHARGEONCE__PROCESSOR__LATENCY_MS", "0")
+            .envs(std::env::vars().filter(|(name, _)| name.starts_with("CHARGEONCE__")));
+        match std::env::var("RUST_LOG") {
+            // The line that announces the port, whatever the level.
+            Ok(level) => command.env("RUST_LOG", format!("{level},chargeonce::startup=info")),
+            Err(_) => command.env_remove("RUST_LOG"),
+        };
+        let options = SpawnOptions { log_file: Some(self.out_dir.join("service.log")), poll };
+        Spawned::start_with(command, "/readyz", options).await
+    }
+
+    pub async fn start(&self, database_url: &str) -> Spawned {
+        self.spawn(database_url, Duration::from_millis(10)).await
+    }
+
+    /// `result`, its error explained if the service is stopping: a request
+    /// that fails because the service died (or was signalled by something
+    /// else on the machine) should say so, not just that a connection
+    /// closed. A service told to stop finishes its open requests first, so
+    /// it gets a moment to exit.
+    async fn explain<T>(&self, service: &mut Spawned, result: Result<T>) -> Result<T> {
+        let Err(error) = result else { return result };
+        Err(match service.wait_exit(EXIT_GRACE).await {
+            Some(status) => error.context(format!(
+                "the service exited during the run ({status}); see {}",
+                self.out_dir.join("service.log").display()
+            )),
+            None => error,
+        })
+    }
+
+    /// Spawns the service READY_SAMPLES times, one after the other, and
+    /// times each from the spawn until GET /readyz answers 200 (asked every
+    /// millisecond); sorted.
+    async fn start_to_ready(&self, database_url: &str) -> Vec<Duration> {
+        let mut ready = Vec::with_capacity(READY_SAMPLES);
+        for _ in 0..READY_SAMPLES {
+            let spawned = Instant::now();
+            let _service = self.spawn(database_url, Duration::from_millis(1)).await;
+            ready.push(spawned.elapsed());
+        }
+        ready.sort();
+        let listed: Vec<String> =
+            ready.iter().map(|d| format!("{:.0} ms", d.as_secs_f64() * 1000.0)).collect();
+        say(format!("start-to-ready: {}", listed.join(", ")));
+        ready
+    }
 }
 
 /// Sends one request for every key of the replay pool: the first time it
@@ -55,7 +137,6 @@ async fn prepare_load(
     plan: &Plan,
     (binary, service, api): (&ServiceBinary, &mut Spawned, &Api),
     db: &BenchDatabase,
-    out_dir: &Path,
 ) -> Result<Pgbench> {
     db.create_floor(plan.pool_size).await?;
     say(format!("creating {} charges for the replays", plan.pool_size));
@@ -63,7 +144,7 @@ async fn prepare_load(
     binary.explain(service, send_replay_pool(plan, api, doing).await).await?;
     db.client.batch_execute("ANALYZE").await.context("ANALYZE after creating the replay pool")?;
     let values = script::ServiceValues::read(&db.client).await?;
-    Pgbench::write_scripts(db.url.clone(), &values, plan, out_dir)
+    Pgbench::write_scripts(db.url.clone(), &values, plan, &binary.out_dir)
 }
 
 /// The sustained run.
@@ -72,25 +153,19 @@ pub async fn sustain(
     binary: &ServiceBinary,
     db: &BenchDatabase,
     (length, percent): (Duration, u32),
-    out_dir: &Path,
 ) -> Result<Sustained> {
-    let api_key = migrate_and_create_merchant(binary, db).await?;
+    let api_key = binary.migrate_and_create_merchant(db).await?;
     let mut service = binary.start(&db.url).await;
     let api = Api::new(service.port, &api_key)?;
-    let pgbench = prepare_load(plan, (binary, &mut service, &api), db, out_dir).await?;
+    let pgbench = prepare_load(plan, (binary, &mut service, &api), db).await?;
     let run = sustain::run((&api, db, &pgbench), plan, service.pid(), length, percent).await;
     binary.explain(&mut service, run).await
 }
 
 /// The benchmark: everything between creating the database and dropping it.
-pub async fn measure(
-    plan: &Plan,
-    binary: &ServiceBinary,
-    db: &BenchDatabase,
-    out_dir: &Path,
-) -> Result<Report> {
+pub async fn measure(plan: &Plan, binary: &ServiceBinary, db: &BenchDatabase) -> Result<Report> {
     let machine = db.machine().await?;
-    let api_key = migrate_and_create_merchant(binary, db).await?;
+    let api_key = binary.migrate_and_create_merchant(db).await?;
     // Start-to-ready, before anything else loads the machine.
     let ready = binary.start_to_ready(&db.url).await;
 
@@ -116,7 +191,7 @@ pub async fn measure(
     let first = scenario::closed_loop(&api, Workload::New, FIRST_CONNECTIONS, &plan_first).await;
     let first = binary.explain(&mut service, first).await?;
     say(format!("first round after the start: {:.0} req/s", first.rps()));
-    let pgbench = prepare_load(plan, (binary, &mut service, &api), db, out_dir).await?;
+    let pgbench = prepare_load(plan, (binary, &mut service, &api), db).await?;
     pgbench.check(&db.client).await?;
 
     let first_round = "new, first round after the start (no warm-up)";
@@ -158,19 +233,9 @@ pub async fn measure(
                 }
             }
             let row = row.context("no round measured")?;
-            let wal = |wal: Option<&Wal>| wal.and_then(Wal::per_request).unwrap_or(f64::NAN);
-            let floor = row.floor.as_ref();
-            say(format!(
-                "{} x {connections}: {:.0} req/s, p99 {:.2} ms, non-2xx {}, WAL {:.0} B/req; \
-                 floor {:.0} TPS, WAL {:.0} B",
-                workload.name(),
-                row.sample.rps(),
-                row.sample.tally.percentile_ms(0.99),
-                row.sample.tally.non_2xx_text(),
-                wal(Some(&row.sample.wal)),
-                floor.map_or(0.0, |run| run.tps),
-                wal(floor.map(|run| &run.wal)),
-            ));
+            let (name, rps, tps) =
+                (workload.name(), row.sample.rps(), row.floor.as_ref().map_or(0.0, |run| run.tps));
+            say(format!("{name} x {connections}: {rps:.0} req/s; floor {tps:.0} TPS"));
             rows.push(row);
         }
     }
@@ -178,12 +243,8 @@ pub async fn measure(
     let bursts = scenario::bursts(&api, plan).await;
     let (sample, bursts) = binary.explain(&mut service, bursts).await?;
     say(format!(
-        "burst: {} rounds, {:.0} req/s, p99 {:.2} ms, non-2xx {}, rounds not created exactly once {}",
-        bursts.rounds,
-        sample.rps(),
-        sample.tally.percentile_ms(0.99),
-        sample.tally.non_2xx_text(),
-        bursts.not_created_once
+        "burst: {} rounds, {} not created exactly once",
+        bursts.rounds, bursts.not_created_once
     ));
     let burst = format!("burst ({} same-key requests per round)", scenario::BURST);
     rows.push(Row::alone(burst, scenario::BURST, sample));

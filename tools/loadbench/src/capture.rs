@@ -10,10 +10,10 @@ use anyhow::{bail, Context as _, Result};
 use chargeonce::db;
 use regex::Regex;
 
+use crate::bench::ServiceBinary;
 use crate::database::BenchDatabase;
 use crate::http::Api;
 use crate::scenario::send_all;
-use crate::service::ServiceBinary;
 
 /// A statement that runs at least this often per request is part of the
 /// request path; rarer ones (a cached lookup, the background workers) are

@@ -22,7 +22,6 @@ mod report;
 mod runs;
 mod scenario;
 mod script;
-mod service;
 mod stats;
 mod sustain;
 
@@ -35,8 +34,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 use clap::Parser;
 
+use crate::bench::ServiceBinary;
 use crate::database::BenchDatabase;
-use crate::service::ServiceBinary;
 
 /// Measures chargeonce against pgbench running its own SQL and a fixed
 /// floor. Normally run through scripts/bench, which provides PostgreSQL.
@@ -162,7 +161,7 @@ async fn run(args: Args) -> Result<()> {
                 Some(seconds) => {
                     let length = Duration::from_secs(seconds);
                     let shape = (length, args.load_percent);
-                    let run = bench::sustain(&plan, &binary, &database, shape, &out_dir).await?;
+                    let run = bench::sustain(&plan, &binary, &database, shape).await?;
                     let command = format!(
                         "scripts/bench --sustain {seconds} --load-percent {}",
                         args.load_percent
@@ -172,7 +171,7 @@ async fn run(args: Args) -> Result<()> {
                     Ok((markdown, None))
                 }
                 None => {
-                    let report = bench::measure(&plan, &binary, &database, &out_dir).await?;
+                    let report = bench::measure(&plan, &binary, &database).await?;
                     Ok((report.markdown(&plan), Some(report.targets())))
                 }
             }
