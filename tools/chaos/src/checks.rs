@@ -325,8 +325,9 @@ fn same_key_same_answer(db: &Snapshot, told: &Told<'_>) -> Verdict {
 mod tests {
     use std::collections::BTreeMap;
 
+    use serde_json::json;
+
     use super::*;
-    use crate::snapshot::EventRow;
     use crate::workload::{charge_operation, Operation};
 
     const CHARGE: &str = "ch_0000000000000000000000000000000a";
@@ -351,48 +352,32 @@ mod tests {
         }
     }
 
-    fn event(id: &str, kind: &str, object: &str) -> EventRow {
-        EventRow { id: id.to_owned(), kind: kind.to_owned(), object: object.to_owned() }
-    }
-
     /// One succeeded charge of 1000 with a succeeded refund of 400, its
     /// events, its payment and refund at the processor, all received.
     fn world() -> World {
+        let rows = |rows| serde_json::from_value::<Vec<Row>>(rows).unwrap();
         let db = Snapshot {
-            charges: vec![Row {
-                id: CHARGE.to_owned(),
-                key: Some("k-charge".to_owned()),
-                status: "succeeded".to_owned(),
-                amount: 1000,
-                amount_refunded: 400,
-                refunds_reserved: 400,
-                processor_id: Some("pay_1".to_owned()),
-                ..Row::default()
-            }],
-            refunds: vec![Row {
-                id: REFUND.to_owned(),
-                charge_id: Some(CHARGE.to_owned()),
-                key: Some("k-refund".to_owned()),
-                status: "succeeded".to_owned(),
-                amount: 400,
-                processor_id: Some("rf_1".to_owned()),
-                processor_attempts: 1,
-                ..Row::default()
-            }],
-            events: vec![
-                event("evt_1", "charge.succeeded", CHARGE),
-                event("evt_2", "refund.pending", REFUND),
-                event("evt_3", "refund.succeeded", REFUND),
-            ],
+            charges: rows(json!([{"id": CHARGE, "key": "k-charge", "status": "succeeded",
+                "amount": 1000, "amount_refunded": 400, "refunds_reserved": 400,
+                "processor_id": "pay_1", "processor_attempts": 0}])),
+            refunds: rows(json!([{"id": REFUND, "charge_id": CHARGE, "key": "k-refund",
+                "status": "succeeded", "amount": 400, "processor_id": "rf_1",
+                "processor_attempts": 1}])),
+            events: serde_json::from_value(json!([
+                {"id": "evt_1", "kind": "charge.succeeded", "object": CHARGE},
+                {"id": "evt_2", "kind": "refund.pending", "object": REFUND},
+                {"id": "evt_3", "kind": "refund.succeeded", "object": REFUND},
+            ]))
+            .unwrap(),
             deliveries: BTreeMap::new(),
             undelivered: Vec::new(),
         };
         let ledger = Ledger {
-            payments: vec![serde_json::json!({
+            payments: vec![json!({
                 "id": "pay_1", "status": "succeeded", "amount": 1000,
                 "idempotency_key": "chargeonce-0000000000000000000000000000000a",
             })],
-            refunds: vec![serde_json::json!({
+            refunds: vec![json!({
                 "id": "rf_1", "status": "succeeded", "amount": 400, "payment_id": "pay_1",
                 "idempotency_key": "chargeonce-refund-0000000000000000000000000000000b",
             })],
@@ -417,7 +402,7 @@ mod tests {
     #[test]
     fn a_payment_without_its_charge_is_a_violation() {
         let mut world = world();
-        world.ledger.payments.push(serde_json::json!({
+        world.ledger.payments.push(json!({
             "id": "pay_2", "status": "succeeded", "amount": 1000,
             "idempotency_key": "chargeonce-0000000000000000000000000000000c",
         }));
@@ -452,15 +437,10 @@ mod tests {
     fn a_500_and_a_second_row_for_a_key_are_violations() {
         let mut world = world();
         let twin = "ch_0000000000000000000000000000000d";
-        world.db.charges.push(Row {
-            id: twin.to_owned(),
-            status: "failed".to_owned(),
-            processor_id: None,
-            amount_refunded: 0,
-            refunds_reserved: 0,
-            ..world.db.charges[0].clone()
-        });
-        world.db.events.push(event("evt_4", "charge.failed", twin));
+        let failed = Row { id: twin.to_owned(), status: "failed".to_owned(), ..Row::default() };
+        world.db.charges.push(Row { amount: 1000, key: Some("k-charge".to_owned()), ..failed });
+        let event = json!({"id": "evt_4", "kind": "charge.failed", "object": twin});
+        world.db.events.push(serde_json::from_value(event).unwrap());
         world.received.acknowledged.insert("evt_4".to_owned(), 1);
         assert_eq!(
             world.violated(&["500 for key k on instance 0".to_owned()]),

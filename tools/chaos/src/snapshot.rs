@@ -12,6 +12,7 @@ use tokio_postgres::Client as Db;
 /// A charge or a refund row; ids as the API shows them. A refund has its
 /// charge's id and no refunded amounts; a charge has no charge id.
 #[derive(Clone, Default, Deserialize)]
+#[serde(default)]
 pub struct Row {
     pub id: String,
     pub charge_id: Option<String>,

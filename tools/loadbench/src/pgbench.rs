@@ -94,7 +94,7 @@ pub struct Pgbench {
 }
 
 impl Pgbench {
-    /// Writes the four scripts to `out_dir`, each with how to run it by hand.
+    /// Writes the four scripts to `out_dir`.
     pub fn write_scripts(
         url: String,
         values: &ServiceValues,
@@ -109,27 +109,20 @@ impl Pgbench {
         };
         let (own_sql, floor) =
             (set("own SQL", "own-sql", values.variables()), set("floor", "floor", Vec::new()));
-        let own =
-            "-- The service's own SQL: the constants of chargeonce::db it runs per request,\n\
-                   -- translated by chargeonce-loadbench (tools/loadbench/src/script.rs).\n";
-        let least = "-- The floor: the least SQL this design can cost, on its own minimal table\n\
-                     -- (tools/loadbench/src/script.rs).\n";
-        for (set, path, header, body) in [
-            (&own_sql, &own_sql.new, own, script::own_sql_new()?),
-            (&own_sql, &own_sql.replay, own, script::own_sql_replay(plan.pool_size)?),
-            (&floor, &floor.new, least, script::FLOOR_NEW.to_owned()),
-            (&floor, &floor.replay, least, script::floor_replay(plan.pool_size)),
+        for (path, body) in [
+            (&own_sql.new, script::own_sql_new()?),
+            (&own_sql.replay, script::own_sql_replay(plan.pool_size)?),
+            (&floor.new, script::FLOOR_NEW.to_owned()),
+            (&floor.replay, script::floor_replay(plan.pool_size)),
         ] {
-            let by_hand: String =
-                set.variables("byhand").iter().map(|arg| shell_quote(arg) + " ").collect();
             let text = format!(
-                "{header}-- Each statement is its own transaction. By hand, on a bench database:\n\
-                 --   pgbench -n -M prepared -c 1 -T 5 {by_hand}-f {} DATABASE_URL\n{body}",
-                path.display()
+                "-- Written by chargeonce-loadbench (tools/loadbench/src/script.rs), which runs it \
+                 with pgbench -M prepared\n-- and -D for its variables; each statement is its \
+                 own transaction.\n{body}"
             );
             fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
-            say(format!("pgbench script: {}", path.display()));
         }
+        say(format!("pgbench scripts in {}", out_dir.display()));
         Ok(Self { url, own_sql, floor, log_dir: out_dir.join("pgbench-log") })
     }
 
@@ -294,14 +287,6 @@ fn logged_latencies(log_dir: &Path, run: Option<(u64, u64)>) -> Result<Vec<Tally
     Ok(minutes)
 }
 
-/// `text` as one shell word.
-fn shell_quote(text: &str) -> String {
-    match text.chars().all(|c| c.is_ascii_alphanumeric() || "-_=./:@".contains(c)) {
-        true => text.to_owned(),
-        false => format!("'{}'", text.replace('\'', r"'\''")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -340,7 +325,6 @@ mod tests {
             set.args(Workload::Mix, "r"),
             ["-f", "/x/floor-new.sql@90", "-f", "/x/floor-replay.sql@10"]
         );
-        assert_eq!(shell_quote("payload={\"a\": 1}"), "'payload={\"a\": 1}'");
         let run = |tps: f64, bytes: f64, micros: &[u64]| {
             let mut latencies = Tally::new().unwrap();
             micros.iter().for_each(|&us| latencies.record_us(us));
