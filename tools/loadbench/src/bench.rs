@@ -209,7 +209,7 @@ pub async fn measure(plan: &Plan, binary: &ServiceBinary, db: &BenchDatabase) ->
             binary.explain(&mut service, send_replay_pool(plan, &api, doing).await).await?;
         }
         for &connections in plan.connections {
-            let mut row: Option<Row> = None;
+            let mut rounds = Vec::new();
             for round in 0..plan.rounds {
                 let plan = &plan.for_round(round);
                 // Each side from a CHECKPOINT, its WAL read once the outbox
@@ -224,15 +224,9 @@ pub async fn measure(plan: &Plan, binary: &ServiceBinary, db: &BenchDatabase) ->
                 let mark = db.checkpoint().await?;
                 let mut floor = pgbench.run(&pgbench.floor, workload, connections, plan).await?;
                 floor.wal = db.settled_wal_since(&mark, floor.wal.requests).await?;
-                match &mut row {
-                    Some(row) => row.add_round(sample, own, floor)?,
-                    None => {
-                        let name = workload.name().to_owned();
-                        row = Some(Row::first_round(name, connections, sample, own, floor));
-                    }
-                }
+                rounds.push((sample, own, floor));
             }
-            let row = row.context("no round measured")?;
+            let row = Row::from_rounds(workload.name().to_owned(), connections, rounds)?;
             let (name, rps, tps) =
                 (workload.name(), row.sample.rps(), row.floor.as_ref().map_or(0.0, |run| run.tps));
             say(format!("{name} x {connections}: {rps:.0} req/s; floor {tps:.0} TPS"));

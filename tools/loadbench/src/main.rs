@@ -144,9 +144,9 @@ fn main() -> ExitCode {
 async fn run(args: Args) -> Result<()> {
     let started = Instant::now();
     let plan = Plan::new(args.quick);
-    let out_dir = output_dir(args.out)?;
-    let binary = ServiceBinary::find(args.service, &out_dir)?;
-    let runs = if args.sustain.is_some() { 1 } else { usize::try_from(args.runs)? };
+    let binary = ServiceBinary::find(args.service, &output_dir(args.out)?)?;
+    let out = |name: &str| binary.out_dir.join(name);
+    let runs = if args.sustain.is_some() { 1 } else { args.runs };
     let (mut each, mut targets) = (Vec::new(), Vec::new());
     for run in 1..=runs {
         if runs > 1 {
@@ -157,24 +157,19 @@ async fn run(args: Args) -> Result<()> {
         // (Ctrl-C), before the database goes.
         let database = BenchDatabase::create(&args.admin_url).await?;
         let measured = async {
-            match args.sustain {
-                Some(seconds) => {
-                    let length = Duration::from_secs(seconds);
-                    let shape = (length, args.load_percent);
-                    let run = bench::sustain(&plan, &binary, &database, shape).await?;
-                    let command = format!(
-                        "scripts/bench --sustain {seconds} --load-percent {}",
-                        args.load_percent
-                    );
-                    let markdown = run.markdown(&command);
-                    write(&out_dir.join("sustain.md"), &markdown)?;
-                    Ok((markdown, None))
-                }
-                None => {
-                    let report = bench::measure(&plan, &binary, &database).await?;
-                    Ok((report.markdown(&plan), Some(report.targets())))
-                }
-            }
+            let Some(seconds) = args.sustain else {
+                let report = bench::measure(&plan, &binary, &database).await?;
+                return Ok((report.markdown(&plan), Some(report.targets())));
+            };
+            let shape = (Duration::from_secs(seconds), args.load_percent);
+            let run = bench::sustain(&plan, &binary, &database, shape).await?;
+            Ok((
+                run.markdown(&format!(
+                    "scripts/bench --sustain {seconds} --load-percent {}",
+                    args.load_percent
+                )),
+                None,
+            ))
         };
         let outcome = tokio::select! {
             outcome = measured => outcome,
@@ -183,23 +178,18 @@ async fn run(args: Args) -> Result<()> {
         database.close();
         let (markdown, run_targets) = outcome?;
         if runs > 1 {
-            write(&out_dir.join(format!("report-{run}.md")), &markdown)?;
+            write(&out(&format!("report-{run}.md")), &markdown)?;
         }
         each.push(markdown);
         targets.extend(run_targets);
     }
     let mut markdown = if runs > 1 { runs::markdown(&targets) + "\n" } else { String::new() };
     markdown.push_str(&each.join("\n"));
-    let written = match args.sustain {
-        Some(_) => "sustain.md",
-        None => {
-            write(&out_dir.join("report.md"), &markdown)?;
-            "report.md"
-        }
-    };
+    let written = if args.sustain.is_some() { "sustain.md" } else { "report.md" };
+    write(&out(written), &markdown)?;
     println!("{markdown}");
     let took = started.elapsed().as_secs_f64();
-    say(format!("done in {took:.0} s; {written} written to {}", out_dir.display()));
+    say(format!("done in {took:.0} s; {written} written to {}", binary.out_dir.display()));
     Ok(())
 }
 

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 
 use crate::capture::Capture;
 use crate::database::Wal;
@@ -41,30 +41,23 @@ impl Row {
         Row { scenario, connections, sample, own: None, floor: None, floor_ratio_by_round }
     }
 
-    pub fn first_round(
+    /// A point measured in rounds, each side's rounds added up.
+    pub fn from_rounds(
         scenario: String,
         connections: usize,
-        sample: Sample,
-        own: PgbenchRun,
-        floor: PgbenchRun,
-    ) -> Self {
-        let floor_ratio_by_round = Vec::from_iter(ratio(&sample, Some(&floor)));
-        Row {
-            own: Some(own),
-            floor: Some(floor),
-            floor_ratio_by_round,
-            ..Row::alone(scenario, connections, sample)
+        rounds: Vec<(Sample, PgbenchRun, PgbenchRun)>,
+    ) -> Result<Self> {
+        let floor_ratio_by_round =
+            rounds.iter().filter_map(|(s, _, f)| ratio(s, Some(f))).collect();
+        let mut rounds = rounds.into_iter();
+        let (mut sample, mut own, mut floor) = rounds.next().context("no round measured")?;
+        for (later, later_own, later_floor) in rounds {
+            sample.merge(&later)?;
+            own.merge(&later_own)?;
+            floor.merge(&later_floor)?;
         }
-    }
-
-    pub fn add_round(&mut self, sample: Sample, own: PgbenchRun, floor: PgbenchRun) -> Result<()> {
-        self.floor_ratio_by_round.extend(ratio(&sample, Some(&floor)));
-        self.sample.merge(&sample)?;
-        if let (Some(all_own), Some(all_floor)) = (&mut self.own, &mut self.floor) {
-            all_own.merge(&own)?;
-            all_floor.merge(&floor)?;
-        }
-        Ok(())
+        let (own, floor) = (Some(own), Some(floor));
+        Ok(Row { own, floor, floor_ratio_by_round, ..Row::alone(scenario, connections, sample) })
     }
 
     /// `0.97 (rounds 0.88–1.10)`: service ÷ floor over all rounds, then its
