@@ -223,13 +223,8 @@ impl Shared {
     /// Resumes every unfinished operation with its key, all at once, each
     /// until `deadline`.
     pub async fn resume_unfinished(self: &Arc<Self>, deadline: Instant) {
-        let mut tasks = JoinSet::new();
-        for operation in self.unfinished() {
-            let shared = self.clone();
-            let first = shared.next_instance();
-            tasks.spawn(async move { shared.drive(&operation, first, deadline).await });
-        }
-        while tasks.join_next().await.is_some() {}
+        let operations = self.unfinished().into_iter().map(|op| (self.next_instance(), op));
+        send_all(self, operations, deadline).await;
     }
 }
 
@@ -247,7 +242,7 @@ pub async fn customer(shared: Arc<Shared>, merchant: usize, until: Instant) {
         shared.register(&operation);
         if operation.burst {
             let senders = (0..shared.instances()).map(|instance| (instance, operation.clone()));
-            send_all(&shared, senders, until).await;
+            send_all(&shared, senders, deadline(until)).await;
         } else if roll < 0.55 {
             let first = shared.next_instance();
             shared.drive(&operation, first, deadline(until)).await;
@@ -275,16 +270,17 @@ pub fn charge_operation(amount: i64, merchant: usize, burst: bool) -> Operation 
     }
 }
 
-/// Each operation driven at the same moment, from its own instance.
+/// Each operation driven at the same moment, from its instance, until
+/// `deadline`.
 async fn send_all(
     shared: &Arc<Shared>,
     operations: impl Iterator<Item = (usize, Operation)>,
-    until: Instant,
+    deadline: Instant,
 ) {
     let mut senders = JoinSet::new();
     for (instance, operation) in operations {
         let shared = shared.clone();
-        senders.spawn(async move { shared.drive(&operation, instance, deadline(until)).await });
+        senders.spawn(async move { shared.drive(&operation, instance, deadline).await });
     }
     while senders.join_next().await.is_some() {}
 }
@@ -314,5 +310,5 @@ async fn refund_race(shared: &Arc<Shared>, operation: &Operation, until: Instant
         shared.register(&refund);
         (instance, refund)
     });
-    send_all(shared, refunds, until).await;
+    send_all(shared, refunds, deadline(until)).await;
 }

@@ -1,23 +1,15 @@
-//! The pgbench scripts, two pairs of them (a new charge, a replay):
+//! The pgbench scripts, a new charge and a replay in two versions:
 //!
-//! - **own SQL**: the statements the service runs per request, taken from
-//!   the constants of `chargeonce::db` and translated by
-//!   [`statement_lines`]: each `$n` becomes a pgbench value of the same
-//!   kind as the service's (a variable given with `-D`, a number pgbench
-//!   draws, or SQL the server evaluates), cast to the parameter's declared
-//!   type, as the service's typed parameters are. The insert is its own
-//!   transaction (autocommit), as in the service; `\gset` carries the
-//!   charge id from it into the outcome, as the service carries it, and
-//!   makes pgbench fail if it finds no row. The outcome, its event and the
-//!   event's queue row are one transaction sent as one pipeline with BEGIN,
-//!   then COMMIT, as the service sends them.
-//! - **the floor**: the least SQL this design can cost (one insert and one
-//!   update for a new charge, one unique-index lookup for a replay) on a
-//!   minimal table of its own, written here as it is. It does not change
-//!   when the service does: it is the fixed yardstick.
-//!
-//! With `-M prepared`, pgbench sends `:variables` as parameters of prepared
-//! statements, as the service does.
+//! - **own SQL**: the statements the service runs per request, the
+//!   constants of `chargeonce::db` translated by [`statement_lines`]. The
+//!   insert is its own transaction, as in the service; `\gset` carries the
+//!   charge id from it into the outcome, whose three statements go as one
+//!   pipeline between BEGIN and COMMIT, as the service sends them. With
+//!   `-M prepared`, pgbench sends `:variables` as parameters, as the
+//!   service does.
+//! - **the floor**: the least SQL this design can cost (an insert and an
+//!   update, or one unique-index lookup) on a minimal table of its own,
+//!   written here as it is: the fixed yardstick.
 
 use std::sync::LazyLock;
 
@@ -62,14 +54,12 @@ fn render(value: &str, type_name: &str) -> String {
     }
 }
 
-/// `statement` as a pgbench script line: its SQL on one line with each `$n`
-/// (outside literals and quoted names) replaced by `values[n - 1]` (a
-/// `:variable`, given with `-D`, set by `\set` or by an earlier `\gset`,
-/// or SQL the server evaluates on each run) cast to the parameter's
-/// declared type, as the service's typed parameters are; ended by `\gset
-/// <prefix>` when `gset` is given (its one row's columns become
-/// `:<prefix><column>`, and no row or several fail the script), else by
-/// `;`. A comment would swallow the rest of the line, so it is an error.
+/// `statement` on one line, each `$n` (outside literals and quoted names)
+/// replaced by `values[n - 1]` (a `:variable` or SQL the server evaluates)
+/// cast to the parameter's declared type, as the service's parameters are
+/// typed; ended by `\gset <prefix>` if given (one row's columns become
+/// `:<prefix><column>`; no row or several fail the script), else by `;`. A
+/// comment would swallow the rest of the line, so it is an error.
 pub fn statement_lines(
     statement: &Statement,
     values: &[&str],
