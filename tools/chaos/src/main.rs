@@ -26,10 +26,9 @@ use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Mutex;
 
-use crate::checks::Told;
 use crate::snapshot::{Ledger, Snapshot};
 use crate::stack::Instance;
-use crate::workload::{lock, Kind, Shared};
+use crate::workload::{lock, Shared};
 
 const INSTANCES: usize = 3;
 /// Offenders printed per invariant (all of them go to the report file).
@@ -209,15 +208,14 @@ async fn run(args: Args) -> Result<bool> {
 
     let seen = std::mem::take(&mut *lock(&shared.seen));
     let (records, outage) = (&seen.records, &seen.outage);
-    let told = Told { records, bad_answers: &seen.bad_answers };
     let tally = receiver.tally();
-    let mut verdicts = checks::check(&snapshot, &ledger, &tally, &told, settled);
+    let mut verdicts = checks::check(&snapshot, &ledger, &tally, &seen, settled);
     if worker_down.is_some() {
         verdicts.push(checks::worker_outage(outage));
     }
 
     let operations = records.values().filter_map(|r| r.operation.as_ref());
-    let charges = operations.clone().filter(|o| o.kind == Kind::Charge).count();
+    let charges = operations.clone().filter(|o| o.kind == "charge").count();
     let (bursts, refunds) = (operations.filter(|o| o.burst).count(), records.len() - charges);
     let n = |count: &std::sync::atomic::AtomicUsize| count.load(Ordering::Relaxed);
     let (races, attempts) = (seen.refund_races, seen.attempts);

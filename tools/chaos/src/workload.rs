@@ -27,12 +27,6 @@ const PATIENCE: Duration = Duration::from_secs(20);
 /// pool opened during a partition may still be timing out).
 const GRACE: Duration = Duration::from_secs(10);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Charge,
-    Refund,
-}
-
 /// What a logical operation ended as, from the client's side.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -45,7 +39,8 @@ pub enum Outcome {
 /// One logical operation: its key and request, for resuming it.
 #[derive(Debug, Clone)]
 pub struct Operation {
-    pub kind: Kind,
+    /// "charge" or "refund".
+    pub kind: &'static str,
     /// Whose: an index into the merchants.
     pub merchant: usize,
     pub key: IdempotencyKey,
@@ -261,7 +256,7 @@ fn deadline(until: Instant) -> Instant {
 
 pub fn charge_operation(amount: i64, merchant: usize, burst: bool) -> Operation {
     Operation {
-        kind: Kind::Charge,
+        kind: "charge",
         merchant,
         key: IdempotencyKey::new(),
         charge: NewCharge::new(amount, "USD").description("chaos"),
@@ -302,7 +297,7 @@ async fn refund_race(shared: &Arc<Shared>, operation: &Operation, until: Instant
     let amount = operation.charge.amount * 45 / 100;
     let refunds = (0..shared.instances()).map(|instance| {
         let refund = Operation {
-            kind: Kind::Refund,
+            kind: "refund",
             key: IdempotencyKey::new(),
             refund: Some((charge_id.clone(), NewRefund::new().amount(amount))),
             ..operation.clone()
