@@ -86,10 +86,8 @@ impl ServiceBinary {
     }
 
     /// `result`, its error explained if the service is stopping: a request
-    /// that fails because the service died (or was signalled by something
-    /// else on the machine) should say so, not just that a connection
-    /// closed. A service told to stop finishes its open requests first, so
-    /// it gets a moment to exit.
+    /// that fails because the service died should say so, not just that a
+    /// connection closed.
     async fn explain<T>(&self, service: &mut Spawned, result: Result<T>) -> Result<T> {
         let Err(error) = result else { return result };
         Err(match service.wait_exit(EXIT_GRACE).await {
@@ -101,9 +99,8 @@ impl ServiceBinary {
         })
     }
 
-    /// Spawns the service READY_SAMPLES times, one after the other, and
-    /// times each from the spawn until GET /readyz answers 200 (asked every
-    /// millisecond); sorted.
+    /// READY_SAMPLES starts, each from the spawn until GET /readyz answers
+    /// 200 (asked every millisecond); sorted.
     async fn start_to_ready(&self, database_url: &str) -> Vec<Duration> {
         let mut ready = Vec::with_capacity(READY_SAMPLES);
         for _ in 0..READY_SAMPLES {
@@ -127,12 +124,9 @@ async fn send_replay_pool(plan: &Plan, api: &Api, doing: &str) -> Result<()> {
 }
 
 /// The floor's table, the charges replays re-send, then the pgbench
-/// scripts. The charges are followed by ANALYZE, as autovacuum does within
-/// a minute on a table in use: without statistics, a generic plan cached
-/// while the table was new may look a replay's key up through the
-/// merchant's listing index (reading every charge of the merchant) until
-/// the first autoanalyze, for the service and for pgbench alike; ANALYZE
-/// drops those cached plans (and covers the floor's table).
+/// scripts. ANALYZE as autovacuum would within a minute: until then a
+/// generic plan cached while the table was new may look a replay's key up
+/// through the merchant's listing index, for the service and pgbench alike.
 async fn prepare_load(
     plan: &Plan,
     (binary, service, api): (&ServiceBinary, &mut Spawned, &Api),
@@ -147,7 +141,6 @@ async fn prepare_load(
     Pgbench::write_scripts(db.url.clone(), &values, plan, &binary.out_dir)
 }
 
-/// The sustained run.
 pub async fn sustain(
     plan: &Plan,
     binary: &ServiceBinary,
@@ -169,9 +162,7 @@ pub async fn measure(plan: &Plan, binary: &ServiceBinary, db: &BenchDatabase) ->
     // Start-to-ready, before anything else loads the machine.
     let ready = binary.start_to_ready(&db.url).await;
 
-    // What the service asks PostgreSQL per request: the same keys twice,
-    // first as new charges, then as replays. Each must be exactly what the
-    // scripts run.
+    // The same keys twice: as new charges, then as replays.
     let keys: Vec<String> = (0..CAPTURE_REQUESTS).map(|i| format!("capture-{i}")).collect();
     let new = capture::capture(binary, db, &api_key, &keys).await?;
     let replay = capture::capture(binary, db, &api_key, &keys).await?;
@@ -198,13 +189,9 @@ pub async fn measure(plan: &Plan, binary: &ServiceBinary, db: &BenchDatabase) ->
     let mut rows = vec![Row::alone(first_round.to_owned(), FIRST_CONNECTIONS, first)];
     for workload in [Workload::New, Workload::Replay, Workload::Mix] {
         if workload == Workload::Replay {
-            // The new-charge scenarios create far more charges (about
-            // 145,000 in a full run) than the default replay cache holds
-            // (32 MiB: about 30,000), so the pool's answers are out of it by
-            // now and the first replay point would measure the database
-            // path, which the own-SQL column measures. Replaying the pool
-            // once puts them back: the replay scenarios measure replays the
-            // cache can answer (BENCHMARKS.md).
+            // The new-charge scenarios created far more charges than the
+            // replay cache holds: replaying the pool once puts its answers
+            // back, so the replay scenarios measure the cache (BENCHMARKS.md).
             let doing = "replaying the pool's keys before the replay scenarios";
             binary.explain(&mut service, send_replay_pool(plan, &api, doing).await).await?;
         }

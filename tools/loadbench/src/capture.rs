@@ -103,11 +103,8 @@ impl Captured {
     }
 }
 
-/// Starts a service, resets pg_stat_statements, sends each key once in
-/// sequence on one connection, and returns what the database executed
-/// meanwhile, without the statements about pg_stat_statements (ours). Each
-/// capture has a fresh service so that its statements are all prepared
-/// after the reset (stored normalised; [`shape`] matches either way).
+/// What the database executed while a fresh service (its statements all
+/// prepared after the reset) handled each key once, in sequence.
 pub async fn capture(
     binary: &ServiceBinary,
     database: &BenchDatabase,
@@ -144,11 +141,9 @@ fn identify(text: &str) -> Option<&'static str> {
     known.find(|(_, statement)| shape(statement.sql) == captured).map(|(name, _)| *name)
 }
 
-/// The text with every value slot (a `$n` parameter, a string or number
-/// literal, TRUE, FALSE, NULL) as `?`, whitespace collapsed, quoted
-/// identifiers kept. pg_stat_statements stores a statement with its
-/// literals replaced by further `$n`, so a captured text and the constant
-/// it came from have the same shape, and two different statements do not.
+/// The text with every value slot (`$n`, literals, TRUE, FALSE, NULL) as
+/// `?` and whitespace collapsed: pg_stat_statements stores literals as
+/// further `$n`, so a captured text has its constant's shape.
 pub fn shape(sql: &str) -> String {
     static SLOT: LazyLock<Regex> = LazyLock::new(|| {
         Regex::new(

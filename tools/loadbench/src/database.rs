@@ -89,9 +89,8 @@ impl BenchDatabase {
         Ok(row.context("pg_current_wal_flush_lsn()")?.get(0))
     }
 
-    /// The WAL written since `mark`, for `requests` requests: the cluster's,
-    /// from the LSNs (pg_stat_wal lags by what idle backends have not
-    /// reported yet).
+    /// The cluster's WAL since `mark`, from the LSNs (pg_stat_wal lags by
+    /// what idle backends have not reported yet).
     pub async fn wal_since(&self, mark: &str, requests: u64) -> Result<Wal> {
         let (lsn, db) = ("$1::text::pg_lsn", &self.client);
         let sql = format!("SELECT pg_wal_lsn_diff(pg_current_wal_flush_lsn(), {lsn})::float8");
@@ -139,15 +138,12 @@ impl Wal {
 /// Longest wait for the service's outbox to empty before a run.
 const SETTLE_LIMIT: Duration = Duration::from_secs(180);
 
-/// Before each measured run: the service's webhook dispatcher has fanned out
-/// every event written so far, then a CHECKPOINT, so that no run pays for
-/// the previous one's leftovers (the own-SQL pgbench writes the service's
-/// events too, and the service fans them out; the floor's pgbench would
-/// share the machine with the dispatcher). The CHECKPOINT needs superuser
-/// (or pg_checkpoint); without it the runs go on unaligned, with one warning.
+/// Each measured run starts once the webhook dispatcher has fanned out every
+/// event so far (the own-SQL pgbench writes events too), then a CHECKPOINT,
+/// so that no run pays for the previous one's leftovers. The CHECKPOINT
+/// needs superuser; without it the runs go on unaligned, with one warning.
 impl BenchDatabase {
-    /// Waits for the outbox to empty, then checkpoints; where the WAL ends
-    /// then, to measure the next phase from.
+    /// Waits for the outbox to empty, checkpoints; where the WAL ends then.
     pub async fn checkpoint(&self) -> Result<String> {
         self.settle().await?;
         if let Err(error) = self.admin.batch_execute("CHECKPOINT").await {
@@ -160,9 +156,8 @@ impl BenchDatabase {
         self.wal_mark().await
     }
 
-    /// The WAL of a phase that began at `mark` and served `requests`,
-    /// measured once the outbox is empty: the fan-out of its events is part
-    /// of what it wrote.
+    /// The WAL since `mark` once the outbox is empty: the fan-out of a
+    /// phase's events is part of what it wrote.
     pub async fn settled_wal_since(&self, mark: &str, requests: u64) -> Result<Wal> {
         self.settle().await?;
         self.wal_since(mark, requests).await

@@ -35,7 +35,6 @@ pub struct Http {
     closed: bool,
 }
 
-/// One answer: status, whether it was a replay, and timings.
 pub struct Answer {
     pub status: u16,
     pub replayed: bool,
@@ -58,7 +57,6 @@ impl Http {
         Ok(Self { stream, buffer: vec![0; 4096], filled: 0, closed: false })
     }
 
-    /// `count` connections, opened one after the other.
     pub async fn connect_many(addr: SocketAddr, count: usize) -> Result<Vec<Self>> {
         let mut connections = Vec::with_capacity(count);
         for _ in 0..count {
@@ -67,7 +65,6 @@ impl Http {
         Ok(connections)
     }
 
-    /// Sends `request` and reads the whole answer.
     pub async fn send(&mut self, request: &[u8]) -> Result<Answer> {
         ensure!(!self.closed, "the service closed the connection");
         let started = Instant::now();
@@ -151,7 +148,6 @@ impl Api {
         Ok(Self { addr, before_key })
     }
 
-    /// A charge request with this idempotency key.
     pub fn charge(&self, key: &str) -> Result<Vec<u8>> {
         ensure!(header_safe(key), "the idempotency key {key:?} is not a valid header value");
         Ok([self.before_key.as_str(), key, "\r\n\r\n", BODY].concat().into_bytes())

@@ -99,11 +99,10 @@ pub struct Plan {
 
 impl Plan {
     fn new(quick: bool) -> Self {
-        // In a full run the service, its own SQL and the floor take turns,
-        // each `measure / rounds` at a time: this machine's throughput swings
-        // within minutes (the floor made 6,049 and 4,013 new charges/s at 32
-        // clients ten minutes apart), and taking turns gives every side the
-        // machine's good and bad seconds alike.
+        // In a full run the three sides take turns in rounds: this machine's
+        // throughput swings within minutes (the floor made 6,049 and 4,013
+        // new charges/s ten minutes apart), and turns share the good and
+        // bad seconds alike.
         let (connections, warmup, measure, pool_size, rounds): (&[usize], _, _, _, _) = match quick
         {
             true => (&[1, 32], Duration::from_millis(300), Duration::from_secs(1), 2_000, 1),

@@ -19,7 +19,6 @@ use crate::{say, Plan};
 /// pgbench's threads: the machine's two cores; more would only compete
 /// with the backends.
 const THREADS: usize = 2;
-/// Script runs of each check.
 const CHECK_RUNS: i64 = 20;
 
 /// One pair of scripts (a new charge, a replay) and the `-D` variables they
@@ -56,11 +55,9 @@ impl ScriptSet {
     }
 }
 
-/// What one measured pgbench run gave (or several rounds of one point,
-/// merged): throughput, its logged transactions' latencies (a stall of the
-/// machine shows in their count over `stats::SLOW` as in the service's),
-/// and the WAL written (`wal.requests`: every script run, warm-up
-/// included).
+/// A measured pgbench run, or a point's rounds added up. Its latencies'
+/// count over `stats::SLOW` shows a stall of the machine as the service's
+/// does; `wal.requests` counts every script run, warm-up included.
 pub struct PgbenchRun {
     pub tps: f64,
     pub latencies: Tally,
@@ -73,8 +70,7 @@ impl PgbenchRun {
         self.latencies.percentile_ms(0.99)
     }
 
-    /// Adds a later round of the same point: throughput over the whole
-    /// time, the latencies of all transactions, the WAL.
+    /// Adds a later round of the same point.
     pub fn merge(&mut self, other: &PgbenchRun) -> Result<()> {
         let transactions = self.tps * self.seconds + other.tps * other.seconds;
         self.seconds += other.seconds;
@@ -89,12 +85,10 @@ pub struct Pgbench {
     url: String,
     pub own_sql: ScriptSet,
     pub floor: ScriptSet,
-    /// Where pgbench writes its per-transaction logs.
     log_dir: PathBuf,
 }
 
 impl Pgbench {
-    /// Writes the four scripts to `out_dir`.
     pub fn write_scripts(
         url: String,
         values: &ServiceValues,
@@ -126,7 +120,6 @@ impl Pgbench {
         Ok(Self { url, own_sql, floor, log_dir: out_dir.join("pgbench-log") })
     }
 
-    /// pgbench with `args`; its output.
     async fn pgbench(&self, args: &[String]) -> Result<String> {
         let mut command = tokio::process::Command::new("pgbench");
         command.args(["-n", "-M", "prepared"]).args(args).arg(&self.url).kill_on_drop(true);
@@ -256,11 +249,9 @@ fn summary(stdout: &str) -> Result<(f64, u64)> {
     }
 }
 
-/// The latencies in pgbench's per-transaction logs in `log_dir`, whose lines
-/// are `client transaction latency_us script epoch_s epoch_us [lag_us]`,
-/// each plus its schedule lag (`--rate`); per minute of a run that started
-/// at an epoch second and lasted so many (the last ones in its last minute),
-/// or all in one.
+/// The latencies (plus the schedule lag of `--rate`) in pgbench's logs,
+/// lines of `client transaction latency_us script epoch_s epoch_us [lag_us]`:
+/// per minute of a run's (start epoch second, length), or all in one.
 fn logged_latencies(log_dir: &Path, run: Option<(u64, u64)>) -> Result<Vec<Tally>> {
     let mut minutes = vec![Tally::new()?];
     for entry in fs::read_dir(log_dir).with_context(|| format!("reading {}", log_dir.display()))? {

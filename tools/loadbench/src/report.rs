@@ -82,9 +82,8 @@ pub struct Report {
     pub ready: Vec<Duration>,
 }
 
-/// One target and whether it was met (None: not measured in this run);
-/// for a target on a number, the number and its bound, which `runs`
-/// averages over several runs.
+/// A target, whether it was met (None: not measured), and for a target on
+/// a number the number and its bound, which `runs` averages.
 pub struct Target {
     pub name: String,
     pub measured: String,

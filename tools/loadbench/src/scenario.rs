@@ -33,11 +33,8 @@ pub fn pool_key(index: usize) -> String {
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Workload {
-    /// A fresh key for every request.
     New,
-    /// Keys of the pool, same body: every request is a replay.
     Replay,
-    /// MIX_NEW_PERCENT new, the rest replays.
     Mix,
 }
 
@@ -51,7 +48,6 @@ impl Workload {
     }
 }
 
-/// The keys one simulated client sends.
 pub struct Keys {
     workload: Workload,
     prefix: String,

@@ -91,8 +91,8 @@ impl Tally {
     }
 }
 
-/// A measured run: its tally over `seconds`, and the WAL its answers
-/// (`wal.requests`: all of them, warm-up included) wrote.
+/// A measured run: its tally over `seconds`, and the WAL written
+/// (`wal.requests` counts every answer, warm-up included).
 pub struct Sample {
     pub tally: Tally,
     pub seconds: f64,
@@ -100,7 +100,6 @@ pub struct Sample {
 }
 
 impl Sample {
-    /// Answers per second; 0 for no time.
     pub fn rps(&self) -> f64 {
         match self.seconds > 0.0 {
             true => self.tally.count() as f64 / self.seconds,

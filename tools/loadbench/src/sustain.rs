@@ -24,7 +24,6 @@ use crate::{say, Plan};
 /// Clients of the sustained load: enough that the offered rate is met while
 /// a few answers are slow.
 pub const CONNECTIONS: usize = 64;
-/// Connections of the maximum-throughput measurement.
 const MAX_CONNECTIONS: usize = 32;
 
 /// One second of the run: 2xx answers, other statuses, requests without an
@@ -55,7 +54,6 @@ pub struct Sustained {
     pub floor: (f64, f64, Vec<Tally>),
 }
 
-/// Measures the maximum, then holds `percent` of it for `length`.
 pub async fn run(
     (api, db, pgbench): (&Api, &BenchDatabase, &Pgbench),
     plan: &Plan,
@@ -181,7 +179,6 @@ fn quantiles(minute: Option<&Tally>) -> [String; 4] {
 }
 
 impl Sustained {
-    /// The report: settings, a line per minute, the verdict lines.
     pub fn markdown(&self, command: &str) -> String {
         let (max_rps, length, target_rps) = (self.max_rps, self.seconds.len(), self.target_rps);
         let mut text = format!(
