@@ -19,7 +19,6 @@ mod database;
 mod http;
 mod pgbench;
 mod report;
-mod runs;
 mod scenario;
 mod script;
 mod stats;
@@ -182,7 +181,7 @@ async fn run(args: Args) -> Result<()> {
         each.push(markdown);
         targets.extend(run_targets);
     }
-    let mut markdown = if runs > 1 { runs::markdown(&targets) + "\n" } else { String::new() };
+    let mut markdown = if runs > 1 { report::over_runs(&targets) + "\n" } else { String::new() };
     markdown.push_str(&each.join("\n"));
     let written = if args.sustain.is_some() { "sustain.md" } else { "report.md" };
     write(&out(written), &markdown)?;
