@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use statrs::distribution::{ContinuousCDF, StudentsT};
+use statrs::statistics::Statistics;
 
 use crate::capture::Capture;
 use crate::database::Wal;
@@ -359,8 +360,7 @@ fn mb(bytes: u64) -> f64 {
 /// high); None for fewer than two values.
 pub fn interval(values: &[f64]) -> Option<(f64, f64, f64)> {
     let count = values.len() as f64;
-    let mean = values.iter().sum::<f64>() / count;
-    let variance = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (count - 1.0);
+    let (mean, variance) = (values.mean(), values.variance());
     let t = StudentsT::new(0.0, 1.0, count - 1.0).ok()?.inverse_cdf(0.975);
     let half = t * (variance / count).sqrt();
     (values.len() >= 2).then_some((mean, mean - half, mean + half))

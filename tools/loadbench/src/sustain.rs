@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 use chargeonce_testkit::memory_bytes;
 use futures_util::future::join_all;
+use statrs::statistics::Statistics;
 
 use crate::database::{BenchDatabase, Wal};
 use crate::http::{Api, Http};
@@ -122,14 +123,8 @@ pub async fn run(
             tick.tick().await;
             let rss = memory_bytes(&pid.to_string(), "VmRSS:").context("the service's VmRSS")?;
             seconds.borrow_mut()[index].rss = Some(rss);
-            if (index + 1) % 60 == 0 || index + 1 == total_seconds {
-                let done = seconds.borrow();
-                let minute = &done[index.saturating_sub(59)..=index];
-                let answers: u64 = minute.iter().map(Second::answers).sum();
-                let bad: u64 = minute.iter().map(|s| s.non_2xx + s.failed).sum();
-                let rate = answers as f64 / minute.len() as f64;
-                let rss = mb(rss);
-                say(format!("{:>4} s: {rate:.0} req/s, {bad} not 2xx, RSS {rss:.1} MB", index + 1));
+            if (index + 1) % 60 == 0 {
+                say(format!("{:>4} s: RSS {:.1} MB", index + 1, mb(rss)));
             }
         }
         anyhow::Ok(())
@@ -156,17 +151,14 @@ fn mb(bytes: u64) -> f64 {
     bytes as f64 / 1e6
 }
 
-/// Least-squares slope of `points` (x, y), in y per x.
+/// Least-squares slope of `points` (x, y), in y per x; 0 without a spread.
 fn slope(points: &[(f64, f64)]) -> f64 {
-    let n = points.len() as f64;
-    let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
-    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
-    let covariance: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
-    let variance: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
-    if n < 2.0 || variance == 0.0 {
-        0.0
+    let (xs, ys): (Vec<f64>, Vec<f64>) = points.iter().copied().unzip();
+    let slope = xs.iter().covariance(ys.iter()) / xs.iter().variance();
+    if slope.is_finite() {
+        slope
     } else {
-        covariance / variance
+        0.0
     }
 }
 
