@@ -8,7 +8,6 @@
 mod checks;
 mod faults;
 mod receiver;
-mod snapshot;
 mod stack;
 mod workload;
 
@@ -26,7 +25,7 @@ use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Mutex;
 
-use crate::snapshot::{Ledger, Snapshot};
+use crate::checks::{Ledger, Snapshot};
 use crate::stack::Instance;
 use crate::workload::{lock, Shared};
 
@@ -232,7 +231,7 @@ async fn run(args: Args) -> Result<bool> {
     let (payments, psp_refunds) = (ledger.payments.len(), ledger.refunds.len());
     let (answered_500, dropped, arrived) = (tally.answered_500, tally.dropped, tally.arrived);
     let acknowledged = tally.acknowledged.len();
-    let by_status = |rows: &[snapshot::Row]| {
+    let by_status = |rows: &[checks::Row]| {
         let mut counts = BTreeMap::<_, u64>::new();
         rows.iter().for_each(|row| *counts.entry(row.status.clone()).or_default() += 1);
         describe(&counts)
