@@ -15,7 +15,6 @@ use hyper_util::rt::TokioIo;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
 
 use crate::workload::lock;
 
@@ -41,16 +40,10 @@ struct State {
     tally: Mutex<Tally>,
 }
 
+/// The receiver; it accepts until the run's runtime ends.
 pub struct Receiver {
     pub url: String,
     state: Arc<State>,
-    accept: JoinHandle<()>,
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        self.accept.abort();
-    }
 }
 
 impl Receiver {
@@ -64,7 +57,7 @@ impl Receiver {
             tally: Mutex::new(Tally::default()),
         });
         let shared = state.clone();
-        let accept = tokio::spawn(async move {
+        tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
@@ -82,7 +75,7 @@ impl Receiver {
                 });
             }
         });
-        Ok(Self { url: format!("http://127.0.0.1:{port}/hooks"), state, accept })
+        Ok(Self { url: format!("http://127.0.0.1:{port}/hooks"), state })
     }
 
     pub fn stop_failing(&self) {

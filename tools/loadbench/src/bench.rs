@@ -137,8 +137,8 @@ async fn prepare_load(
     let doing = "creating the charges for the replays";
     binary.explain(service, send_replay_pool(plan, api, doing).await).await?;
     db.client.batch_execute("ANALYZE").await.context("ANALYZE after creating the replay pool")?;
-    let values = script::ServiceValues::read(&db.client).await?;
-    Pgbench::write_scripts(db.url.clone(), &values, plan, &binary.out_dir)
+    let variables = script::service_variables(&db.client).await?;
+    Pgbench::write_scripts(db.url.clone(), variables, plan, &binary.out_dir)
 }
 
 pub async fn sustain(

@@ -1,16 +1,12 @@
-//! The load client: keep-alive HTTP/1.1 connections, one per simulated
-//! client, sending the one request the benchmark sends, `POST /v1/charges`.
-//! A request's latency runs from handing it to the connection until the
-//! answer's last byte.
-//!
-//! Not hyper's client: at one client the load generator's CPU is part of
-//! every round trip measured, and hyper's (a connection task fed through a
-//! channel, a header map per answer) cost 12–17 µs of user CPU per request
-//! here, against about 5 µs for pgbench's client (the floor's load
-//! generator) and for this one, which writes a request prepared up to its
-//! key, reads the head with `httparse` (hyper's own parser) and skips the
-//! body by its `Content-Length`. It speaks only what the service answers: a
-//! `Content-Length` body, keep-alive or `Connection: close`.
+//! The load client: one keep-alive HTTP/1.1 connection per simulated
+//! client, sending `POST /v1/charges`; a latency runs from handing the
+//! request to the connection until the answer's last byte. Not hyper's
+//! client: at one client the generator's CPU is part of every round trip,
+//! and hyper's (a connection task fed through a channel, a header map per
+//! answer) cost 12–17 µs per request here against about 5 µs for pgbench's
+//! client and this one, which writes a request prepared up to its key and
+//! reads the head with `httparse`. It speaks only what the service answers:
+//! a `Content-Length` body, keep-alive or `Connection: close`.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -12,7 +12,7 @@ use tokio_postgres::Client;
 
 use crate::database::Wal;
 use crate::scenario::{Workload, MIX_NEW_PERCENT};
-use crate::script::{self, ServiceValues};
+use crate::script;
 use crate::stats::Tally;
 use crate::{say, Plan};
 
@@ -91,7 +91,7 @@ pub struct Pgbench {
 impl Pgbench {
     pub fn write_scripts(
         url: String,
-        values: &ServiceValues,
+        variables: Vec<(String, String)>,
         plan: &Plan,
         out_dir: &Path,
     ) -> Result<Self> {
@@ -102,7 +102,7 @@ impl Pgbench {
             variables,
         };
         let (own_sql, floor) =
-            (set("own SQL", "own-sql", values.variables()), set("floor", "floor", Vec::new()));
+            (set("own SQL", "own-sql", variables), set("floor", "floor", Vec::new()));
         for (path, body) in [
             (&own_sql.new, script::own_sql_new()?),
             (&own_sql.replay, script::own_sql_replay(plan.pool_size)?),

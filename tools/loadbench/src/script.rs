@@ -159,50 +159,37 @@ pub fn own_sql_replay(pool_size: usize) -> Result<String> {
     insert_or_find(&draw, &format!("'{POOL_KEY_PREFIX}' || :i"), 1)
 }
 
-/// The values the own-SQL scripts take from the database, as pgbench
-/// variables (`-D`), so that they reach PostgreSQL as parameters, as the
-/// service's do.
-pub struct ServiceValues {
-    pub merchant_id: String,
-    pub fingerprint: String,
-    pub payload: String,
-}
-
-impl ServiceValues {
-    pub async fn read(db: &Client) -> Result<Self> {
-        let row = db
-            .query_one(
-                "SELECT c.merchant_id::text, '\\x' || encode(c.request_fingerprint, 'hex'), \
-                        e.data::text \
-                   FROM charges c JOIN events e ON e.charge_id = c.id \
-                  ORDER BY c.id LIMIT 1",
-                &[],
-            )
-            .await
-            .context("reading the merchant, fingerprint and event payload of a charge")?;
-        Ok(Self { merchant_id: row.get(0), fingerprint: row.get(1), payload: row.get(2) })
-    }
-
-    /// The `-D` variables of the own-SQL scripts, but `run` (which names
-    /// the run in the keys of new charges).
-    pub fn variables(&self) -> Vec<(String, String)> {
-        [
-            ("merchant_id", self.merchant_id.as_str()),
-            ("fingerprint", self.fingerprint.as_str()),
-            ("payload", self.payload.as_str()),
-            // The benchmark's body, {"amount":1000,"currency":"USD"}.
-            ("amount", "1000"),
-            ("currency", "USD"),
-            ("metadata", "{}"),
-            // The service's default idempotency.lease_ms; any value costs
-            // PostgreSQL the same.
-            ("lease_ms", "30000"),
-            ("status", Status::Succeeded.as_str()),
-        ]
-        .into_iter()
-        .map(|(name, value)| (name.to_owned(), value.to_owned()))
-        .collect()
-    }
+/// The `-D` variables of the own-SQL scripts but `run` (which names the
+/// run in the keys of new charges), some read from the first charge the
+/// service made: given to pgbench, they reach PostgreSQL as parameters, as
+/// the service's values do.
+pub async fn service_variables(db: &Client) -> Result<Vec<(String, String)>> {
+    let row = db
+        .query_one(
+            "SELECT c.merchant_id::text, '\\x' || encode(c.request_fingerprint, 'hex'), \
+                    e.data::text \
+               FROM charges c JOIN events e ON e.charge_id = c.id \
+              ORDER BY c.id LIMIT 1",
+            &[],
+        )
+        .await
+        .context("reading the merchant, fingerprint and event payload of a charge")?;
+    let (merchant_id, fingerprint, payload): (String, String, String) =
+        (row.get(0), row.get(1), row.get(2));
+    let variables = [
+        ("merchant_id", merchant_id.as_str()),
+        ("fingerprint", fingerprint.as_str()),
+        ("payload", payload.as_str()),
+        // The benchmark's body, {"amount":1000,"currency":"USD"}.
+        ("amount", "1000"),
+        ("currency", "USD"),
+        ("metadata", "{}"),
+        // The service's default idempotency.lease_ms; any value costs
+        // PostgreSQL the same.
+        ("lease_ms", "30000"),
+        ("status", Status::Succeeded.as_str()),
+    ];
+    Ok(variables.map(|(name, value)| (name.to_owned(), value.to_owned())).to_vec())
 }
 
 /// The floor's table: what a charge needs, nothing more (no events, no
