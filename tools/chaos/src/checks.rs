@@ -463,7 +463,6 @@ mod tests {
     }
 
     impl World {
-        /// The names of the violated invariants.
         fn violated(&self) -> Vec<&'static str> {
             let verdicts = check(&self.db, &self.ledger, &self.received, &self.told, true);
             let violated = verdicts.into_iter().filter(|verdict| !verdict.violations.is_empty());

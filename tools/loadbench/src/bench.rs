@@ -155,7 +155,6 @@ pub async fn sustain(
     binary.explain(&mut service, run).await
 }
 
-/// The benchmark: everything between creating the database and dropping it.
 pub async fn measure(plan: &Plan, binary: &ServiceBinary, db: &BenchDatabase) -> Result<Report> {
     let machine = db.machine().await?;
     let api_key = binary.migrate_and_create_merchant(db).await?;

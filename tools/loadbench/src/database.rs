@@ -28,7 +28,6 @@ pub struct BenchDatabase {
     pub admin: Client,
     /// pg_walinspect is installed: the WAL's full-page images are counted.
     walinspect: bool,
-    /// Whether a failed CHECKPOINT was reported.
     warned: Cell<bool>,
 }
 

@@ -45,13 +45,12 @@ impl ScriptSet {
             ]
             .concat(),
         };
-        [files, self.variables(run)].concat()
-    }
-
-    fn variables(&self, run: &str) -> Vec<String> {
+        // The variables, and `run` if there are any.
         let run = ("run".to_owned(), run.to_owned());
         let variables = self.variables.iter().chain((!self.variables.is_empty()).then_some(&run));
-        variables.flat_map(|(name, value)| ["-D".to_owned(), format!("{name}={value}")]).collect()
+        let variables =
+            variables.flat_map(|(name, value)| ["-D".to_owned(), format!("{name}={value}")]);
+        files.into_iter().chain(variables).collect()
     }
 }
 
@@ -70,7 +69,6 @@ impl PgbenchRun {
         self.latencies.percentile_ms(0.99)
     }
 
-    /// Adds a later round of the same point.
     pub fn merge(&mut self, other: &PgbenchRun) -> Result<()> {
         let transactions = self.tps * self.seconds + other.tps * other.seconds;
         self.seconds += other.seconds;
