@@ -165,12 +165,9 @@ pub async fn measure(plan: &Plan, binary: &ServiceBinary, db: &BenchDatabase) ->
     let keys: Vec<String> = (0..CAPTURE_REQUESTS).map(|i| format!("capture-{i}")).collect();
     let new = capture::capture(binary, db, &api_key, &keys).await?;
     let replay = capture::capture(binary, db, &api_key, &keys).await?;
+    new.require_same_as(script::NEW_CHARGE_STATEMENTS, "new charge")?;
+    replay.require_same_as(script::REPLAY_STATEMENTS, "replay")?;
     let capture = Capture { new, replay };
-    capture.new.require_same_as(script::NEW_CHARGE_STATEMENTS, "new charge")?;
-    capture.replay.require_same_as(script::REPLAY_STATEMENTS, "replay")?;
-    for (flow, captured) in [("new charge", &capture.new), ("replay", &capture.replay)] {
-        say(format!("round trips per {flow}: {:.2}", captured.round_trips()));
-    }
 
     // The instance under load, from here to the end.
     let mut service = binary.start(&db.url).await;
@@ -222,10 +219,6 @@ pub async fn measure(plan: &Plan, binary: &ServiceBinary, db: &BenchDatabase) ->
     db.checkpoint().await?;
     let bursts = scenario::bursts(&api, plan).await;
     let (sample, bursts) = binary.explain(&mut service, bursts).await?;
-    say(format!(
-        "burst: {} rounds, {} not created exactly once",
-        bursts.rounds, bursts.not_created_once
-    ));
     let burst = format!("burst ({} same-key requests per round)", scenario::BURST);
     rows.push(Row::alone(burst, scenario::BURST, sample));
 
