@@ -140,8 +140,7 @@ impl Ledger {
     }
 }
 
-/// One invariant's result: how many things it looked at, and every
-/// offender.
+/// One invariant's result: how many things it looked at, every offender.
 pub struct Verdict {
     pub name: &'static str,
     pub checked: usize,
@@ -393,10 +392,8 @@ fn documented_answers(told: &Seen) -> Verdict {
     verdict
 }
 
-/// On Citus, while a worker was down (the other faults paused): its
-/// merchants were answered 503 (with `Retry-After`, checked with every
-/// answer), the other merchants were served and never answered 503; an
-/// attempt without an answer is a violation on either side.
+/// On Citus, while a worker was down: its merchants were answered 503, the
+/// others were served and never answered 503; no attempt went unanswered.
 pub fn worker_outage(outage: &Outage) -> Verdict {
     let mut verdict = Verdict::new("a worker down: 503 for its merchants, the others served");
     let [stopped, others] = &outage.answers;
@@ -453,8 +450,6 @@ mod tests {
     const CHARGE: &str = "ch_0000000000000000000000000000000a";
     const REFUND: &str = "re_0000000000000000000000000000000b";
 
-    /// The database, the processor's ledger, the receiver's tally, the
-    /// clients' records.
     struct World {
         db: Snapshot,
         ledger: Ledger,

@@ -36,8 +36,7 @@ fn pause(min_ms: u64, max_ms: u64) -> Duration {
     Duration::from_millis(rand::thread_rng().gen_range(min_ms..=max_ms))
 }
 
-/// Cuts and stalls at random until `until`; every proxy forwards again when
-/// it returns.
+/// Cuts and stalls at random until `until`, each undone after 0.5–3 s.
 pub async fn network(instances: Instances, counts: Arc<Counts>, until: Instant) {
     while Instant::now() < until {
         tokio::time::sleep(pause(500, 2000)).await;
@@ -92,10 +91,8 @@ pub async fn crashes(
     Ok(())
 }
 
-/// Stops a Citus worker in immediate mode for `down`, then starts it
-/// again, the other faults paused from [`QUIET`] before; the answers
-/// meanwhile are counted by side (`Seen::outage`). Returns how long the
-/// worker was down.
+/// Stops a Citus worker (immediate) for `down`, the other faults paused from
+/// [`QUIET`] before, the answers meanwhile counted (`Seen::outage`).
 pub async fn worker_outage(
     worker: &mut Server,
     counts: &Counts,

@@ -74,8 +74,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     START.get_or_init(Instant::now);
     // Ctrl-C or SIGTERM (a CI timeout) end the run as its end does: the
-    // runtime is dropped, with every task and the processes, proxies and
-    // PostgreSQL server they hold.
+    // runtime is dropped, with the processes and servers its tasks hold.
     let runtime = tokio::runtime::Runtime::new().context("a tokio runtime");
     let result = runtime.and_then(|runtime| {
         runtime.block_on(async {
@@ -322,8 +321,8 @@ async fn connect(url: &str) -> Result<tokio_postgres::Client> {
     Ok(client)
 }
 
-/// Waits until nothing is pending (charges, refunds, deliveries) and every
-/// event was acknowledged by the receiver, or until `bound` after `calm`.
+/// Waits until nothing is pending and every event was acknowledged, or
+/// until `bound` after `calm`.
 async fn settle(
     db: &tokio_postgres::Client,
     receiver: &receiver::Receiver,

@@ -37,8 +37,7 @@ pub const SERVICE_SETTINGS: &[(&str, &str)] = &[
     ("CHARGEONCE__DEMO__ENABLED", "false"),
 ];
 
-/// Starts a process, waiting for `ready`; a start that fails is an error,
-/// so the caller can try again.
+/// Starts a process, waiting for `ready`; a failed start is an error.
 pub async fn spawn(command: Command, ready: &'static str, log: PathBuf) -> Result<Spawned> {
     let options = SpawnOptions { log_file: Some(log), poll: Duration::from_millis(20) };
     let spawned = Spawned::try_start_with(command, ready, options).await;
@@ -88,9 +87,8 @@ pub async fn create_merchants(
     Ok(merchants)
 }
 
-/// One service instance: its fixed HTTP port (kept across restarts, so the
-/// clients keep their addresses), its proxy to PostgreSQL, the process
-/// while it runs.
+/// One service instance: its HTTP port (kept across restarts), its proxy to
+/// PostgreSQL, the process while it runs.
 pub struct Instance {
     pub index: usize,
     pub port: u16,
@@ -136,9 +134,8 @@ impl Instance {
         command
     }
 
-    /// Starts the process and waits until `/readyz` answers 200; up to
-    /// `tries` times (a start can fail while PostgreSQL restarts). Returns
-    /// how many starts failed.
+    /// Starts the process, up to `tries` times (a start can fail while
+    /// PostgreSQL restarts); how many starts failed.
     pub async fn start(&mut self, tries: usize) -> Result<usize> {
         let log = self.dir.join(format!("instance-{}.log", self.index));
         let mut failed = 0;

@@ -19,9 +19,8 @@ use tokio::task::JoinSet;
 /// The bound on one attempt: past `database.query_timeout_ms` +
 /// `connect_timeout_ms`, so a stalled database gives 503, not a timeout.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(6);
-/// How long a customer keeps at one operation while faults run before
-/// leaving it; it also leaves it when the faults stop. A left operation is
-/// resumed, with its key, once faults stopped.
+/// How long a customer keeps at one operation while faults run; a left
+/// operation is resumed, with its key, once they stopped.
 const PATIENCE: Duration = Duration::from_secs(20);
 /// After faults stop, how long a 503 is still excused (a connection the
 /// pool opened during a partition may still be timing out).
@@ -57,13 +56,11 @@ pub struct Record {
     pub outcomes: Vec<Outcome>,
 }
 
-/// What every customer shares: the clients, the round-robin counter, and
-/// everything seen.
+/// What every customer shares.
 pub struct Shared {
     /// Per merchant, one client per instance.
     clients: Vec<Vec<Client>>,
-    /// Per merchant: whether its shards are on the worker stopped during
-    /// the run (Citus).
+    /// Per merchant: whether it is on the worker that stops (Citus).
     on_stopped_worker: Vec<bool>,
     next: AtomicUsize,
     pub seen: Mutex<Seen>,
@@ -94,8 +91,6 @@ pub struct Outage {
 }
 
 impl Shared {
-    /// `merchants`: each one's secret and whether it is on the worker
-    /// that is stopped.
     pub fn new(urls: &[String], merchants: &[(String, bool)]) -> anyhow::Result<Self> {
         let client = |url: &String, secret| {
             Client::builder(url.clone(), secret)
@@ -187,9 +182,8 @@ impl Shared {
         }
     }
 
-    /// Sends `operation` until a final answer, or until `deadline` passed,
-    /// starting at instance `first` and going round-robin, with backoff
-    /// and jitter. The final answer is recorded; `false` if there was none.
+    /// Sends `operation` round-robin from instance `first`, with backoff and
+    /// jitter, until a final answer (recorded) or `deadline`; whether it got one.
     async fn drive(&self, operation: &Operation, first: usize, deadline: Instant) -> bool {
         let (mut instance, mut pause) = (first, 50);
         loop {
@@ -215,8 +209,7 @@ impl Shared {
             .collect()
     }
 
-    /// Resumes every unfinished operation with its key, all at once, each
-    /// until `deadline`.
+    /// Resumes every unfinished operation with its key, until `deadline`.
     pub async fn resume_unfinished(self: &Arc<Self>, deadline: Instant) {
         let operations = self.unfinished().into_iter().map(|op| (self.next_instance(), op));
         send_all(self, operations, deadline).await;
@@ -248,8 +241,7 @@ pub async fn customer(shared: Arc<Shared>, merchant: usize, until: Instant) {
     }
 }
 
-/// An operation's deadline while faults run: its patience, at most until
-/// the faults stop.
+/// An operation's deadline while faults run: its patience, at most `until`.
 fn deadline(until: Instant) -> Instant {
     (Instant::now() + PATIENCE).min(until)
 }
@@ -265,8 +257,7 @@ pub fn charge_operation(amount: i64, merchant: usize, burst: bool) -> Operation 
     }
 }
 
-/// Each operation driven at the same moment, from its instance, until
-/// `deadline`.
+/// Each operation driven at once, from its instance, until `deadline`.
 async fn send_all(
     shared: &Arc<Shared>,
     operations: impl Iterator<Item = (usize, Operation)>,

@@ -42,8 +42,6 @@ pub struct ServiceBinary {
 }
 
 impl ServiceBinary {
-    /// The binary given, or `chargeonce` beside this program (built first
-    /// when run by cargo).
     pub fn find(chosen: Option<PathBuf>, out_dir: &Path) -> Result<Self> {
         let binary = match chosen {
             Some(path) => Chargeonce::new(path, out_dir),
@@ -64,8 +62,7 @@ impl ServiceBinary {
         Ok(api_key)
     }
 
-    /// `chargeonce serve`, ready; killed when dropped. `poll` is how often
-    /// it is asked whether it is ready yet.
+    /// `chargeonce serve`, ready (asked every `poll`); killed when dropped.
     async fn spawn(&self, database_url: &str, poll: Duration) -> Spawned {
         let mut command = self.binary.serve_command(database_url);
         command
@@ -116,8 +113,7 @@ impl ServiceBinary {
     }
 }
 
-/// Sends one request for every key of the replay pool: the first time it
-/// creates the charges, later ones replay them. `doing` names the step.
+/// One request for each key of the replay pool; `doing` names the step.
 async fn send_replay_pool(plan: &Plan, api: &Api, doing: &str) -> Result<()> {
     let keys: Vec<String> = (0..plan.pool_size).map(scenario::pool_key).collect();
     scenario::send_all(api, POOL_FILL_CONNECTIONS, &keys).await?.require_success(doing)
@@ -195,8 +191,7 @@ pub async fn measure(plan: &Plan, binary: &ServiceBinary, db: &BenchDatabase) ->
             let mut rounds = Vec::new();
             for round in 0..plan.rounds {
                 let plan = &plan.for_round(round);
-                // Each side from a CHECKPOINT, its WAL read once the outbox
-                // is empty.
+                // Each side from a CHECKPOINT, its WAL read once settled.
                 let mark = db.checkpoint().await?;
                 let sample = scenario::closed_loop(&api, workload, connections, plan).await;
                 let mut sample = binary.explain(&mut service, sample).await?;

@@ -26,8 +26,7 @@ const BACKGROUND: &[&str] = &["events::FAN_OUT"];
 /// outcome, or per batch of them), not statements of a script.
 const TRANSACTION_CONTROL: &str = "Conn::transaction";
 
-/// One statement as pg_stat_statements recorded it, and the name of the
-/// `db::ALL_STATEMENTS` constant it is, if any.
+/// A statement as pg_stat_statements recorded it, and its constant if known.
 pub struct Seen {
     pub text: String,
     pub calls: i64,
@@ -60,8 +59,8 @@ impl Captured {
         self.statements.iter().map(|s| s.calls).sum::<i64>() as f64 / self.requests as f64
     }
 
-    /// Fails unless every statement seen is known and the ones run per
-    /// request are `expected` (constant names, a name once per execution).
+    /// Fails unless every statement is known and those run per request are
+    /// `expected` (a constant's name once per execution).
     pub fn require_same_as(&self, expected: &[&str], flow: &str) -> Result<()> {
         let unknown: Vec<String> = (self.statements.iter())
             .filter(|seen| seen.constant.is_none())

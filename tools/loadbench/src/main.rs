@@ -87,8 +87,7 @@ pub struct Plan {
     pub connections: &'static [usize],
     pub warmup: Duration,
     pub measure: Duration,
-    /// Charges created beforehand whose keys replays re-send; the floor's
-    /// lookup table has as many rows.
+    /// Charges made beforehand for replays; the floor's table has as many.
     pub pool_size: usize,
     pub rounds: usize,
     /// Which of a point's rounds this is: part of the keys and pgbench's run
@@ -110,8 +109,7 @@ impl Plan {
         Self { quick, connections, warmup, measure, pool_size, rounds, round: 0 }
     }
 
-    /// The plan of round `round`: an equal share of the measured time, and
-    /// the warm-up only before the first round.
+    /// Round `round`: its share of the measured time, warm-up only first.
     fn for_round(&self, round: usize) -> Plan {
         let rounds = u32::try_from(self.rounds.max(1)).unwrap_or(u32::MAX);
         let warmup = if round == 0 { self.warmup } else { Duration::ZERO };

@@ -134,8 +134,7 @@ impl Pgbench {
         Ok(stdout)
     }
 
-    /// `set`'s scripts for `workload` at `clients` connections, after a
-    /// warm-up as long as the service's (full runs).
+    /// `set`'s scripts at `clients` connections, after the service's warm-up.
     pub async fn run(
         &self,
         set: &ScriptSet,
@@ -193,10 +192,8 @@ impl Pgbench {
         Ok(["-l".to_owned(), format!("--log-prefix={}", prefix.display())])
     }
 
-    /// Runs each script a few times and checks its effect: a new charge
-    /// leaves a charge in the state the service leaves it (with its outbox
-    /// event), or a row of the floor's table in its final state; a replay
-    /// creates nothing.
+    /// Checks each script's effect: a new charge leaves a row as the service
+    /// leaves it (the floor's: in its final state); a replay creates nothing.
     pub async fn check(&self, db: &Client) -> Result<()> {
         let count = |sql: &'static str| async move {
             let row = db
@@ -233,9 +230,8 @@ impl Pgbench {
     }
 }
 
-/// TPS and script runs from pgbench's summary: `tps = 2273.1 (without
-/// initial connection time)`, `number of transactions actually processed:
-/// 22731`.
+/// TPS and script runs from pgbench's summary (`tps = 2273.1 (without …`,
+/// `number of transactions actually processed: 22731`).
 fn summary(stdout: &str) -> Result<(f64, u64)> {
     let number = |prefix: &str| -> Option<f64> {
         let line = stdout.lines().find_map(|line| line.strip_prefix(prefix))?;

@@ -356,8 +356,7 @@ fn mb(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
-/// The mean of `values` and its 95 % confidence interval (mean, low,
-/// high); None for fewer than two values.
+/// (mean, low, high) of the 95 % confidence interval; None for one value.
 pub fn interval(values: &[f64]) -> Option<(f64, f64, f64)> {
     let count = values.len() as f64;
     let (mean, variance) = (values.mean(), values.variance());
@@ -366,8 +365,7 @@ pub fn interval(values: &[f64]) -> Option<(f64, f64, f64)> {
     (values.len() >= 2).then_some((mean, mean - half, mean + half))
 }
 
-/// One line of the section per target; `runs` holds each run's targets, in
-/// the same order in every run (`Report::targets`).
+/// The targets over the runs; each run's targets in `Report::targets` order.
 pub fn over_runs(runs: &[Vec<Target>]) -> String {
     let mut md = format!(
         "## The targets over {} runs\n\n\

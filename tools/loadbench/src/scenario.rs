@@ -141,8 +141,7 @@ pub struct BurstCounts {
 }
 
 /// Rounds of BURST requests with one fresh key, one per connection, released
-/// together by a barrier; the next round starts when all have answered.
-/// Reported once, not per client count: the width is the burst's.
+/// together; the next round starts when all have answered.
 pub async fn bursts(api: &Api, plan: &Plan) -> Result<(Sample, BurstCounts)> {
     let mut connections = Http::connect_many(api.addr, BURST).await?;
     let measured_from = Instant::now() + plan.warmup;

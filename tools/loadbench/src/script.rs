@@ -152,17 +152,14 @@ pub fn own_sql_new() -> Result<String> {
     Ok(text)
 }
 
-/// A replay with the service's own SQL: a key of the pool, the insert finds
-/// the charge that holds it and returns it.
+/// A replay with the service's own SQL: the insert finds a pool key's charge.
 pub fn own_sql_replay(pool_size: usize) -> Result<String> {
     let draw = format!("\\set i random(0, {})\n", pool_size.saturating_sub(1));
     insert_or_find(&draw, &format!("'{POOL_KEY_PREFIX}' || :i"), 1)
 }
 
-/// The `-D` variables of the own-SQL scripts but `run` (which names the
-/// run in the keys of new charges), some read from the first charge the
-/// service made: given to pgbench, they reach PostgreSQL as parameters, as
-/// the service's values do.
+/// The own-SQL scripts' `-D` variables but `run`, some read from the first
+/// charge: they reach PostgreSQL as parameters, as the service's values do.
 pub async fn service_variables(db: &Client) -> Result<Vec<(String, String)>> {
     let row = db
         .query_one(
