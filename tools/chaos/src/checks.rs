@@ -37,6 +37,8 @@ pub struct EventRow {
     pub object: String,
 }
 
+#[derive(Default, Deserialize)]
+#[serde(default)]
 pub struct Snapshot {
     pub charges: Vec<Row>,
     pub refunds: Vec<Row>,
@@ -51,51 +53,35 @@ fn id(prefix: &str, column: &str) -> String {
     format!("'{prefix}_' || replace({column}::text, '-', '')")
 }
 
-/// The rows of `sql`, read as JSON into `T` by column name.
-async fn rows<T: serde::de::DeserializeOwned>(db: &Db, sql: &str) -> Result<Vec<T>> {
-    let json = format!("SELECT coalesce(json_agg(r), '[]')::text FROM ({sql}) r");
-    let text: String =
-        db.query_one(&json, &[]).await.with_context(|| format!("reading: {sql}"))?.get(0);
-    serde_json::from_str(&text).with_context(|| format!("reading: {sql}"))
-}
-
 impl Snapshot {
+    /// Everything in one statement, as JSON whose names are the fields'.
     pub async fn read(db: &Db) -> Result<Self> {
-        let charges = format!(
-            "SELECT {} AS id, client_idempotency_key AS key, status, amount, amount_refunded, \
-                    refunds_reserved, processor_payment_id AS processor_id, processor_attempts \
-               FROM charges",
-            id("ch", "id")
-        );
-        let refunds = format!(
-            "SELECT {} AS id, {} AS charge_id, client_idempotency_key AS key, status, amount, \
-                    0 AS amount_refunded, 0 AS refunds_reserved, \
-                    processor_refund_id AS processor_id, processor_attempts FROM refunds",
+        let sql = format!(
+            "SELECT json_build_object(\
+               'charges', (SELECT coalesce(json_agg(r), '[]') FROM (SELECT {} AS id, \
+                 client_idempotency_key AS key, status, amount, amount_refunded, refunds_reserved, \
+                 processor_payment_id AS processor_id, processor_attempts FROM charges) r), \
+               'refunds', (SELECT coalesce(json_agg(r), '[]') FROM (SELECT {} AS id, \
+                 {} AS charge_id, client_idempotency_key AS key, status, amount, \
+                 processor_refund_id AS processor_id, processor_attempts FROM refunds) r), \
+               'events', (SELECT coalesce(json_agg(r), '[]') FROM (SELECT {} AS id, type AS kind, \
+                 coalesce({}, {}) AS object FROM events) r), \
+               'deliveries', (SELECT coalesce(json_object_agg(status, n), '{{}}') FROM \
+                 (SELECT status, count(*) AS n FROM webhook_deliveries GROUP BY status) d), \
+               'undelivered', (SELECT coalesce(json_agg({} || ' ' || status || ' ' || \
+                 coalesce(last_error, '')), '[]') FROM webhook_deliveries \
+                 WHERE status <> 'delivered')\
+             )::text",
+            id("ch", "id"),
             id("re", "id"),
-            id("ch", "charge_id")
-        );
-        let events = format!(
-            "SELECT {} AS id, type AS kind, coalesce({}, {}) AS object FROM events",
+            id("ch", "charge_id"),
             id("evt", "id"),
             id("ch", "charge_id"),
-            id("re", "refund_id")
-        );
-        let undelivered = format!(
-            "SELECT {} || ' ' || status || ' ' || coalesce(last_error, '') \
-               FROM webhook_deliveries WHERE status <> 'delivered'",
+            id("re", "refund_id"),
             id("evt", "event_id")
         );
-        let deliveries = "SELECT status, count(*) FROM webhook_deliveries GROUP BY status";
-        let query = |sql| async move {
-            db.query(sql, &[]).await.with_context(|| format!("reading: {sql}"))
-        };
-        Ok(Self {
-            charges: rows(db, &charges).await?,
-            refunds: rows(db, &refunds).await?,
-            events: rows(db, &events).await?,
-            deliveries: query(deliveries).await?.iter().map(|r| (r.get(0), r.get(1))).collect(),
-            undelivered: query(&undelivered).await?.iter().map(|r| r.get(0)).collect(),
-        })
+        let text: String = db.query_one(&sql, &[]).await.context("reading the database")?.get(0);
+        serde_json::from_str(&text).context("reading the database")
     }
 
     pub fn objects(&self) -> impl Iterator<Item = (&'static str, &Row)> {
@@ -117,20 +103,13 @@ pub struct Ledger {
 impl Ledger {
     pub async fn read(psp_url: &str) -> Result<Self> {
         let http = &reqwest::Client::new();
-        let list = |what: &'static str| async move {
-            let list: Value = async {
-                http.get(format!("{psp_url}/v1/{what}"))
-                    .send()
-                    .await?
-                    .error_for_status()?
-                    .json()
-                    .await
-            }
-            .await
-            .with_context(|| format!("reading psp-sim's {what}"))?;
-            anyhow::Ok(list["data"].as_array().cloned().unwrap_or_default())
+        let list = |what| async move {
+            let get = http.get(format!("{psp_url}/v1/{what}")).send().await;
+            let list: Value = get?.error_for_status()?.json().await?;
+            reqwest::Result::Ok(list["data"].as_array().cloned().unwrap_or_default())
         };
-        Ok(Self { payments: list("payments").await?, refunds: list("refunds").await? })
+        let payments = list("payments").await.context("reading psp-sim's payments")?;
+        Ok(Self { payments, refunds: list("refunds").await.context("reading psp-sim's refunds")? })
     }
 
     /// Requests psp-sim received, faults included.
@@ -439,8 +418,6 @@ fn same_key_same_answer(db: &Snapshot, told: &Seen) -> Verdict {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use serde_json::json;
 
     use super::*;
@@ -468,23 +445,19 @@ mod tests {
     /// One succeeded charge of 1000 with a succeeded refund of 400, its
     /// events, its payment and refund at the processor, all received.
     fn world() -> World {
-        let rows = |rows| serde_json::from_value::<Vec<Row>>(rows).unwrap();
-        let db = Snapshot {
-            charges: rows(json!([{"id": CHARGE, "key": "k-charge", "status": "succeeded",
-                "amount": 1000, "amount_refunded": 400, "refunds_reserved": 400,
-                "processor_id": "pay_1", "processor_attempts": 0}])),
-            refunds: rows(json!([{"id": REFUND, "charge_id": CHARGE, "key": "k-refund",
+        let db: Snapshot = serde_json::from_value(json!({
+            "charges": [{"id": CHARGE, "key": "k-charge", "status": "succeeded", "amount": 1000,
+                "amount_refunded": 400, "refunds_reserved": 400, "processor_id": "pay_1"}],
+            "refunds": [{"id": REFUND, "charge_id": CHARGE, "key": "k-refund",
                 "status": "succeeded", "amount": 400, "processor_id": "rf_1",
-                "processor_attempts": 1}])),
-            events: serde_json::from_value(json!([
+                "processor_attempts": 1}],
+            "events": [
                 {"id": "evt_1", "kind": "charge.succeeded", "object": CHARGE},
                 {"id": "evt_2", "kind": "refund.pending", "object": REFUND},
                 {"id": "evt_3", "kind": "refund.succeeded", "object": REFUND},
-            ]))
-            .unwrap(),
-            deliveries: BTreeMap::new(),
-            undelivered: Vec::new(),
-        };
+            ],
+        }))
+        .unwrap();
         let ledger = Ledger {
             payments: vec![json!({
                 "id": "pay_1", "status": "succeeded", "amount": 1000,
