@@ -304,13 +304,8 @@ async fn run(args: Args) -> Result<bool> {
 
 /// `{"201": 10, …}` as `201 ×10, …`.
 fn describe<T: std::fmt::Display>(counts: &BTreeMap<String, T>) -> String {
-    let counts: Vec<String> =
-        counts.iter().map(|(status, count)| format!("{status} ×{count}")).collect();
-    if counts.is_empty() {
-        "none".to_owned()
-    } else {
-        counts.join(", ")
-    }
+    let counts: Vec<String> = counts.iter().map(|(status, n)| format!("{status} ×{n}")).collect();
+    Some(counts.join(", ")).filter(|text| !text.is_empty()).unwrap_or_else(|| "none".to_owned())
 }
 
 async fn connect(url: &str) -> Result<tokio_postgres::Client> {

@@ -67,19 +67,18 @@ impl BenchDatabase {
 
     /// Where the numbers were taken: cores, CPU, PostgreSQL and its settings.
     pub async fn machine(&self) -> Result<String> {
-        let mut settings = Vec::new();
-        let names = "server_version fsync synchronous_commit shared_buffers max_connections \
-                     max_wal_size checkpoint_timeout wal_compression";
-        for name in names.split_whitespace() {
-            let row = self.client.query_one(&format!("SHOW {name}"), &[]).await.context("SHOW")?;
-            settings.push(format!("{name}={}", row.get::<_, String>(0)));
-        }
-        let postgres = settings.remove(0).replace("server_version=", "");
+        let sql = "SELECT current_setting('server_version'), \
+                   string_agg(name || '=' || current_setting(name), ', ' ORDER BY i) \
+              FROM unnest('{fsync,synchronous_commit,shared_buffers,max_connections,\
+                   max_wal_size,checkpoint_timeout,wal_compression}'::text[]) \
+                   WITH ORDINALITY AS settings(name, i)";
+        let row = self.client.query_one(sql, &[]).await.context("the server's settings")?;
+        let (postgres, settings): (String, String) = (row.get(0), row.get(1));
         let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let model = info.lines().find_map(|line| line.strip_prefix("model name"));
         let cpu = model.and_then(|m| m.split_once(':')).map_or("unknown CPU", |m| m.1.trim());
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Ok(format!("{cores} cores (nproc), {cpu}; PostgreSQL {postgres} ({})", settings.join(", ")))
+        Ok(format!("{cores} cores (nproc), {cpu}; PostgreSQL {postgres} ({settings})"))
     }
 
     /// Where the WAL ends now (flushed), to measure from.

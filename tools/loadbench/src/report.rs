@@ -408,22 +408,15 @@ pub fn over_runs(runs: &[Vec<Target>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stats::Tally;
 
     #[test]
     fn the_spread_is_the_lowest_and_the_highest_round_when_there_are_several() {
         assert_eq!(lowest_and_highest(&[1.04, 0.88, 1.10, 0.97]), Some((0.88, 1.10)));
         assert_eq!(lowest_and_highest(&[]), None);
-        let row = |ratios: &[f64]| Row {
-            scenario: "replay".to_owned(),
-            connections: 1,
-            sample: Sample {
-                tally: crate::stats::Tally::new().unwrap(),
-                seconds: 0.0,
-                wal: Wal::default(),
-            },
-            own: None,
-            floor: None,
-            floor_ratio_by_round: ratios.to_vec(),
+        let row = |ratios: &[f64]| {
+            let sample = Sample { tally: Tally::new().unwrap(), seconds: 0.0, wal: Wal::default() };
+            Row { floor_ratio_by_round: ratios.to_vec(), ..Row::alone("replay".into(), 1, sample) }
         };
         // No floor run: no ratio, whatever the rounds.
         assert_eq!(row(&[0.9, 1.0]).floor_ratio_text(), "—");

@@ -155,11 +155,7 @@ fn mb(bytes: u64) -> f64 {
 fn slope(points: &[(f64, f64)]) -> f64 {
     let (xs, ys): (Vec<f64>, Vec<f64>) = points.iter().copied().unzip();
     let slope = xs.iter().covariance(ys.iter()) / xs.iter().variance();
-    if slope.is_finite() {
-        slope
-    } else {
-        0.0
-    }
+    Some(slope).filter(|slope| slope.is_finite()).unwrap_or(0.0)
 }
 
 /// A minute's p50, p99, p99.9 and maximum in ms, "—" for a minute without
