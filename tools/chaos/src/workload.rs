@@ -142,30 +142,27 @@ impl Shared {
                 client.refund_operation_with_key(charge, refund, key).send().await.map(|r| r.id)
             }
         };
-        let error = match result {
-            Ok(id) => {
-                self.count("201", operation.merchant, began);
-                return Some(Outcome::Final { id, status: "succeeded" });
-            }
-            Err(error) => error,
+        let status = result.as_ref().err().map(|error| error.status().map(|s| s.as_u16()));
+        let answer = match status {
+            None => "201".to_owned(),
+            Some(status) => status.map_or_else(|| "no answer".to_owned(), |s| s.to_string()),
         };
-        let status = error.status().map(|s| s.as_u16());
-        let answer = status.map_or_else(|| "no answer".to_owned(), |s| s.to_string());
         self.count(&answer, operation.merchant, began);
-        let key = operation.key.as_str();
-        let bad = |answer: String| lock(&self.seen).bad_answers.push(answer);
-        match (&error, status) {
-            (Error::Declined { charge, .. }, _) => {
-                Some(Outcome::Final { id: charge.id.clone(), status: "failed" })
+        let (key, bad) =
+            (operation.key.as_str(), |answer| lock(&self.seen).bad_answers.push(answer));
+        match (result, status.flatten()) {
+            (Ok(id), _) => Some(Outcome::Final { id, status: "succeeded" }),
+            (Err(Error::Declined { charge, .. }), _) => {
+                Some(Outcome::Final { id: charge.id, status: "failed" })
             }
-            (Error::RefundDeclined { refund, .. }, _) => {
-                Some(Outcome::Final { id: refund.id.clone(), status: "failed" })
+            (Err(Error::RefundDeclined { refund, .. }), _) => {
+                Some(Outcome::Final { id: refund.id, status: "failed" })
             }
-            (Error::RefundExceedsCharge { .. }, _) => {
+            (Err(Error::RefundExceedsCharge { .. }), _) => {
                 Some(Outcome::Refused("refund_exceeds_charge".to_owned()))
             }
-            (_, None | Some(202 | 409)) => None,
-            (_, Some(503)) => {
+            (Err(_), None | Some(202 | 409)) => None,
+            (Err(error), Some(503)) => {
                 if matches!(error, Error::Api { retry_after: None, .. }) {
                     bad(format!("503 without Retry-After for key {key}"));
                 }
@@ -174,7 +171,7 @@ impl Shared {
                 }
                 None
             }
-            (_, Some(other)) => {
+            (Err(error), Some(other)) => {
                 bad(format!("{other} for key {key} on instance {instance}: {error}"));
                 // A 500 may be passing; the key is resumed like any other.
                 None
