@@ -43,22 +43,19 @@ struct Args {
     /// Concurrent customers.
     #[arg(long, default_value_t = 6)]
     clients: usize,
-    /// The bound, in seconds after the faults stop, within which every
-    /// charge and refund must be final and every event delivered.
+    /// Seconds after the faults within which everything must be final.
     #[arg(long, default_value_t = 60)]
     settle_secs: u64,
     /// Seed of psp-sim's and the receiver's fault draws (default: random).
     #[arg(long)]
     seed: Option<u64>,
-    /// The service binary (default: `chargeonce` beside this program,
-    /// built first when run by cargo).
+    /// The service binary (default: `chargeonce` beside this program).
     #[arg(long)]
     service: Option<PathBuf>,
     /// Where logs and the report go (default: target/chaos).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// On a private Citus cluster (a coordinator, two workers), with
-    /// merchants on both workers, one worker stopped for a while.
+    /// On a private Citus cluster, one of its two workers stopped a while.
     #[arg(long)]
     citus: bool,
 }

@@ -1,17 +1,12 @@
 //! The load benchmark of chargeonce, run by `scripts/bench` (BENCHMARKS.md
-//! explains the method and keeps the results): the release `chargeonce`
-//! binary as a separate process on a fresh database, beside pgbench running
-//! **its own SQL** (the statements the service prepares: service ÷ own SQL
-//! is the cost of our layer) and **the floor** (the least SQL this design
-//! can cost: service ÷ floor also counts what our SQL costs), at the same
-//! client counts in the same run.
+//! explains the method and keeps the results): the release binary on a
+//! fresh database beside pgbench running **its own SQL** and **the floor**.
 //!
 //! Invariants: the service runs exactly the statements the scripts run
-//! (read back from pg_stat_statements, else the run stops with the
-//! statement's text); every spawned process is killed and the bench
-//! database dropped on every path out (success, error, panic, Ctrl-C); the
-//! exit status says whether the benchmark could measure, not whether a
-//! target was met.
+//! (else the run stops with the statement's text); every spawned process is
+//! killed and the bench database dropped on every path out (success, error,
+//! panic, Ctrl-C); the exit status says whether the benchmark could measure,
+//! not whether a target was met.
 
 mod bench;
 mod capture;
@@ -41,9 +36,8 @@ use crate::database::BenchDatabase;
 #[derive(Parser)]
 #[command(name = "chargeonce-loadbench")]
 struct Args {
-    /// Any database of the PostgreSQL server to measure on; it must preload
-    /// pg_stat_statements. The benchmark creates its own database there and
-    /// drops it at the end.
+    /// Any database of the PostgreSQL server to measure on (it must preload
+    /// pg_stat_statements); the benchmark makes and drops its own there.
     #[arg(long, env = "BENCH_DATABASE_URL")]
     admin_url: String,
 
@@ -52,9 +46,8 @@ struct Args {
     #[arg(long)]
     quick: bool,
 
-    /// Instead of the benchmark: measure the mix's maximum throughput, then
-    /// hold `--load-percent` of it for this many seconds, sampling the
-    /// service's memory each second, then the floor likewise (sustain.md).
+    /// Instead: the mix's maximum throughput, then `--load-percent` of it
+    /// for this many seconds, memory sampled each second; the floor likewise.
     #[arg(long, value_name = "SECONDS", conflicts_with = "quick")]
     sustain: Option<u64>,
 
@@ -62,20 +55,16 @@ struct Args {
     #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u32).range(1..=100))]
     load_percent: u32,
 
-    /// Full runs to make one after the other, each on a fresh database. With
-    /// more than one, report.md starts with each target judged over all runs
-    /// (the mean and its 95 % confidence interval) and each run's report
-    /// follows; report-K.md keeps run K's alone.
+    /// Full runs, each on a fresh database; with several, report.md starts
+    /// with each target judged over all (report-K.md keeps run K's).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50), conflicts_with = "sustain")]
     runs: u32,
 
-    /// The release `chargeonce` binary to measure [default: `chargeonce`
-    /// next to this program, built first when run by cargo].
+    /// The binary to measure [default: `chargeonce` beside this program].
     #[arg(long)]
     service: Option<PathBuf>,
 
-    /// Where the report, the pgbench scripts and logs and the service's log
-    /// go [default: target/bench].
+    /// Where the report, scripts and logs go [default: target/bench].
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -90,8 +79,7 @@ pub struct Plan {
     /// Charges made beforehand for replays; the floor's table has as many.
     pub pool_size: usize,
     pub rounds: usize,
-    /// Which of a point's rounds this is: part of the keys and pgbench's run
-    /// names, so that a later round never re-sends an earlier one's new keys.
+    /// Which round this is: in the keys, so no round re-sends another's.
     pub round: usize,
 }
 
@@ -123,8 +111,7 @@ pub fn say(message: impl Display) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    // One thread: the load generator takes at most one of the machine's
-    // cores and leaves the rest to the service and PostgreSQL.
+    // One thread: the load generator takes at most one core.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
     let outcome =
         runtime.context("a tokio runtime").and_then(|runtime| runtime.block_on(run(args)));
@@ -148,9 +135,8 @@ async fn run(args: Args) -> Result<()> {
         if runs > 1 {
             say(format!("run {run} of {runs}"));
         }
-        // Each run on a fresh database. The service and pgbench live inside
-        // the measuring future: they are killed when it ends or is dropped
-        // (Ctrl-C), before the database goes.
+        // The service and pgbench live inside the measuring future: they are
+        // killed when it ends or is dropped (Ctrl-C), before the database.
         let database = BenchDatabase::create(&args.admin_url).await?;
         let measured = async {
             let Some(seconds) = args.sustain else {
