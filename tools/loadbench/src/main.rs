@@ -145,13 +145,8 @@ async fn run(args: Args) -> Result<()> {
             };
             let shape = (Duration::from_secs(seconds), args.load_percent);
             let run = bench::sustain(&plan, &binary, &database, shape).await?;
-            Ok((
-                run.markdown(&format!(
-                    "scripts/bench --sustain {seconds} --load-percent {}",
-                    args.load_percent
-                )),
-                None,
-            ))
+            let command = format!("scripts/bench --sustain {seconds} --load-percent {}", shape.1);
+            Ok((run.markdown(&command), None))
         };
         let outcome = tokio::select! {
             outcome = measured => outcome,
