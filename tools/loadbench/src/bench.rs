@@ -1,12 +1,8 @@
-//! One full run on a fresh database: the statements captured and checked,
-//! every scenario at every client count in interleaved rounds with both
-//! pgbench yardsticks, then the burst; and the sustained run's set-up.
-//!
-//! The binary under test is the release `chargeonce` as a separate process,
-//! run from the output folder (no config/ there: the embedded defaults),
-//! with the simulated processor answering at once, the caller's
-//! `CHARGEONCE__…` variables and `RUST_LOG`. It writes its own log to
-//! `service.log`, so its access log costs the load generator nothing.
+//! One full run on a fresh database (BENCHMARKS.md, "What a run does"), and
+//! the binary under test: the release `chargeonce` run from the output
+//! folder (no config/ there: the embedded defaults) with the simulated
+//! processor answering at once, writing its own log to `service.log` so
+//! that its access log costs the load generator nothing.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -1,14 +1,10 @@
-//! The Markdown report and its targets, PASS or MISS; a missed target is a
-//! result, not a failure. The targets use service ÷ floor, not service ÷
-//! own SQL, which improves when our SQL gets slower.
-//!
-//! With `--runs N`, each target is judged over all runs: one run's ratio is
-//! one draw (at one client, where the scheduler puts the two ends of a
-//! round trip moves a point by more than the service's margin). A target on
-//! a number is MET when the 95 % confidence interval of its mean (Student's
-//! t) keeps the bound, MISSED when it breaks it, UNDECIDED when it
+//! The Markdown report and its targets, PASS or MISS (a missed target is a
+//! result, not a failure), set against service ÷ floor: service ÷ own SQL
+//! improves when our SQL gets slower. With `--runs N`, each target judged
+//! over all runs by the 95 % confidence interval of its mean (Student's t):
+//! MET when it keeps the bound, MISSED when it breaks it, UNDECIDED when it
 //! straddles it; a target that something never happens, only if every run
-//! met it.
+//! met it (BENCHMARKS.md, "Judging a target over runs").
 
 use std::fmt::Write as _;
 use std::time::Duration;

@@ -1,10 +1,7 @@
-//! What the simulated clients send. A scenario is a closed loop: each
-//! client on its own keep-alive connection sends its next request when the
-//! previous answer is complete; only answers within the measured window
-//! count. A fresh key is a new charge, a key of the pool a replay; each
-//! client draws from its own seeded generator, so every run sends the same
-//! keys. The burst: rounds of [`BURST`] requests with one fresh key,
-//! released together; exactly one may create the charge.
+//! What the simulated clients send: closed loops, each client on its own
+//! keep-alive connection, only answers within the measured window counted;
+//! keys from a seeded generator per client, so every run sends the same.
+//! The burst: rounds of [`BURST`] same-key requests released together.
 
 use std::time::Instant;
 

@@ -1,15 +1,8 @@
-//! The pgbench scripts, a new charge and a replay in two versions:
-//!
-//! - **own SQL**: the statements the service runs per request, the
-//!   constants of `chargeonce::db` translated by [`statement_lines`]. The
-//!   insert is its own transaction, as in the service; `\gset` carries the
-//!   charge id from it into the outcome, whose three statements go as one
-//!   pipeline between BEGIN and COMMIT, as the service sends them. With
-//!   `-M prepared`, pgbench sends `:variables` as parameters, as the
-//!   service does.
-//! - **the floor**: the least SQL this design can cost (an insert and an
-//!   update, or one unique-index lookup) on a minimal table of its own,
-//!   written here as it is: the fixed yardstick.
+//! The pgbench scripts of a new charge and a replay (BENCHMARKS.md): **own
+//! SQL**, the constants of `chargeonce::db` translated by
+//! [`statement_lines`] and sent as the service sends them (the outcome's
+//! statements as one pipeline between BEGIN and COMMIT), and **the floor**,
+//! the least SQL this design can cost, on a minimal table of its own.
 
 use std::sync::LazyLock;
 

@@ -1,10 +1,7 @@
 //! The sustained run (`--sustain SECONDS`, RELIABILITY.md): the mix's
-//! maximum (closed loop, 32 connections), then `percent` of it offered
-//! open-loop for the run's length: client `c` of `n` sends its `k`-th
-//! request at `(k + c / n) · n / rate`, so a slow answer does not slow the
-//! load, and a latency runs from the scheduled time. Per second: answers
-//! and resident memory; per minute: latencies; over the run: WAL. Then the
-//! floor's mix at `percent` of its own maximum through pgbench `--rate`.
+//! maximum, then `percent` of it offered open-loop (client `c` of `n` sends
+//! its `k`-th request at `(k + c / n) · n / rate`, a latency from the
+//! scheduled time); then the floor's mix likewise through pgbench `--rate`.
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
