@@ -48,37 +48,30 @@ pub struct Snapshot {
     pub undelivered: Vec<String>,
 }
 
-/// `prefix_<hex>` of a uuid column, as the API writes ids.
-fn id(prefix: &str, column: &str) -> String {
-    format!("'{prefix}_' || replace({column}::text, '-', '')")
-}
-
 impl Snapshot {
-    /// Everything in one statement, as JSON whose names are the fields'.
+    /// Everything in one statement, as JSON whose names are the fields';
+    /// ids as the API writes them, `prefix_<hex>`.
     pub async fn read(db: &Db) -> Result<Self> {
+        let id = |prefix, column| format!("'{prefix}_' || replace({column}::text, '-', '')");
+        let (charge, refund, event) = (id("ch", "id"), id("re", "id"), id("evt", "id"));
+        let (charge_of, refund_of) = (id("ch", "charge_id"), id("re", "refund_id"));
+        let event_of = id("evt", "event_id");
         let sql = format!(
             "SELECT json_build_object(\
-               'charges', (SELECT coalesce(json_agg(r), '[]') FROM (SELECT {} AS id, \
+               'charges', (SELECT coalesce(json_agg(r), '[]') FROM (SELECT {charge} AS id, \
                  client_idempotency_key AS key, status, amount, amount_refunded, refunds_reserved, \
                  processor_payment_id AS processor_id, processor_attempts FROM charges) r), \
-               'refunds', (SELECT coalesce(json_agg(r), '[]') FROM (SELECT {} AS id, \
-                 {} AS charge_id, client_idempotency_key AS key, status, amount, \
+               'refunds', (SELECT coalesce(json_agg(r), '[]') FROM (SELECT {refund} AS id, \
+                 {charge_of} AS charge_id, client_idempotency_key AS key, status, amount, \
                  processor_refund_id AS processor_id, processor_attempts FROM refunds) r), \
-               'events', (SELECT coalesce(json_agg(r), '[]') FROM (SELECT {} AS id, type AS kind, \
-                 coalesce({}, {}) AS object FROM events) r), \
+               'events', (SELECT coalesce(json_agg(r), '[]') FROM (SELECT {event} AS id, type AS kind, \
+                 coalesce({charge_of}, {refund_of}) AS object FROM events) r), \
                'deliveries', (SELECT coalesce(json_object_agg(status, n), '{{}}') FROM \
                  (SELECT status, count(*) AS n FROM webhook_deliveries GROUP BY status) d), \
-               'undelivered', (SELECT coalesce(json_agg({} || ' ' || status || ' ' || \
+               'undelivered', (SELECT coalesce(json_agg({event_of} || ' ' || status || ' ' || \
                  coalesce(last_error, '')), '[]') FROM webhook_deliveries \
                  WHERE status <> 'delivered')\
-             )::text",
-            id("ch", "id"),
-            id("re", "id"),
-            id("ch", "charge_id"),
-            id("evt", "id"),
-            id("ch", "charge_id"),
-            id("re", "refund_id"),
-            id("evt", "event_id")
+             )::text"
         );
         let text: String = db.query_one(&sql, &[]).await.context("reading the database")?.get(0);
         serde_json::from_str(&text).context("reading the database")
@@ -130,6 +123,10 @@ impl Verdict {
     fn new(name: &'static str) -> Self {
         Self { name, checked: 0, violations: Vec::new() }
     }
+
+    fn fail(&mut self, violation: String) {
+        self.violations.push(violation);
+    }
 }
 
 fn text(value: &Value, field: &str) -> String {
@@ -179,12 +176,12 @@ fn one_row_per_operation(db: &Snapshot, told: &Seen) -> Verdict {
         };
         if !expected_ok {
             let refused = if refused { " for a refused request" } else { "" };
-            verdict.violations.push(format!("{} key {key}: {rows} rows{refused}", operation.kind));
+            verdict.fail(format!("{} key {key}: {rows} rows{refused}", operation.kind));
         }
     }
     for (what, row) in db.objects() {
         if row.key.as_ref().is_none_or(|key| !told.records.contains_key(key)) {
-            verdict.violations.push(format!("{what} {} has a key no client sent", row.id));
+            verdict.fail(format!("{what} {} has a key no client sent", row.id));
         }
     }
     verdict
@@ -214,21 +211,18 @@ fn one_payment_per_operation(db: &Snapshot, ledger: &Ledger) -> Verdict {
             verdict.checked += 1;
             let entries = by_key.remove(&processor_key(id)).unwrap_or_default();
             if entries.len() > 1 {
-                verdict
-                    .violations
-                    .push(format!("{what} {id}: {} processor entries", entries.len()));
+                verdict.fail(format!("{what} {id}: {} processor entries", entries.len()));
             }
             let moved = entries.iter().find(|e| text(e, "status") == "succeeded");
             match (status.as_str(), moved) {
                 ("succeeded", Some(entry)) if Some(text(entry, "id")) == *processor_id => {}
-                ("succeeded", Some(entry)) => verdict.violations.push(format!(
+                ("succeeded", Some(entry)) => verdict.fail(format!(
                     "{what} {id}: succeeded with {processor_id:?}, the processor has {}",
                     text(entry, "id")
                 )),
                 ("succeeded", None) => verdict
-                    .violations
-                    .push(format!("{what} {id}: succeeded, the processor has no such {what}")),
-                ("failed", Some(entry)) => verdict.violations.push(format!(
+                    .fail(format!("{what} {id}: succeeded, the processor has no such {what}")),
+                ("failed", Some(entry)) => verdict.fail(format!(
                     "{what} {id}: failed, yet the processor made {}",
                     text(entry, "id")
                 )),
@@ -238,7 +232,7 @@ fn one_payment_per_operation(db: &Snapshot, ledger: &Ledger) -> Verdict {
         // What is left has no row.
         for (key, entries) in &by_key {
             for entry in entries {
-                verdict.violations.push(format!(
+                verdict.fail(format!(
                     "processor {what} {} (key {key}, {}) has no {what} row",
                     text(entry, "id"),
                     text(entry, "status")
@@ -254,16 +248,16 @@ fn all_final(db: &Snapshot, told: &Seen, settled: bool) -> Verdict {
     for (what, row) in db.objects() {
         verdict.checked += 1;
         if row.status == "pending" {
-            verdict.violations.push(format!("{what} {} still pending", row.id));
+            verdict.fail(format!("{what} {} still pending", row.id));
         }
     }
     for (key, record) in &told.records {
         if record.outcomes.is_empty() && record.operation.is_some() {
-            verdict.violations.push(format!("key {key}: no final answer to the client"));
+            verdict.fail(format!("key {key}: no final answer to the client"));
         }
     }
     if !settled {
-        verdict.violations.push("not settled within the bound (see above)".to_owned());
+        verdict.fail("not settled within the bound (see above)".to_owned());
     }
     verdict
 }
@@ -286,13 +280,13 @@ fn no_over_refund(db: &Snapshot, ledger: &Ledger) -> Verdict {
         verdict.checked += 1;
         let (succeeded, reserved) = refunded.get(charge.id.as_str()).copied().unwrap_or((0, 0));
         if succeeded > charge.amount || reserved > charge.amount {
-            verdict.violations.push(format!(
+            verdict.fail(format!(
                 "charge {}: {succeeded} refunded ({reserved} with pending) of {}",
                 charge.id, charge.amount
             ));
         }
         if charge.amount_refunded != succeeded || charge.refunds_reserved != reserved {
-            verdict.violations.push(format!(
+            verdict.fail(format!(
                 "charge {}: amount_refunded {} / refunds_reserved {}, its refunds say {succeeded} / {reserved}",
                 charge.id, charge.amount_refunded, charge.refunds_reserved
             ));
@@ -308,7 +302,7 @@ fn no_over_refund(db: &Snapshot, ledger: &Ledger) -> Verdict {
     for payment in &ledger.payments {
         let refunded = at_processor.get(&text(payment, "id")).copied().unwrap_or(0);
         if refunded > payment["amount"].as_i64().unwrap_or_default() {
-            verdict.violations.push(format!(
+            verdict.fail(format!(
                 "processor payment {}: {refunded} refunded of {}",
                 text(payment, "id"),
                 payment["amount"]
@@ -336,7 +330,7 @@ fn one_event_per_change(db: &Snapshot) -> Verdict {
                 final_state => usize::from(status == final_state),
             };
             if count != expected {
-                verdict.violations.push(format!(
+                verdict.fail(format!(
                     "{what} {id} ({status}): {count} {kind} events, expected {expected}"
                 ));
             }
@@ -350,16 +344,14 @@ fn events_received(db: &Snapshot, received: &Tally) -> Verdict {
     for event in &db.events {
         verdict.checked += 1;
         if received.acknowledged.get(&event.id).copied().unwrap_or(0) == 0 {
-            verdict
-                .violations
-                .push(format!("event {} ({}) never acknowledged", event.id, event.kind));
+            verdict.fail(format!("event {} ({}) never acknowledged", event.id, event.kind));
         }
     }
     for delivery in &db.undelivered {
-        verdict.violations.push(format!("delivery {delivery}"));
+        verdict.fail(format!("delivery {delivery}"));
     }
     for id in &received.mismatched {
-        verdict.violations.push(format!("webhook-id {id}: the body is another event"));
+        verdict.fail(format!("webhook-id {id}: the body is another event"));
     }
     verdict
 }
@@ -402,14 +394,13 @@ fn same_key_same_answer(db: &Snapshot, told: &Seen) -> Verdict {
         };
         verdict.checked += 1;
         if record.outcomes.iter().any(|o| o != first) {
-            verdict.violations.push(format!("key {key}: different answers {:?}", record.outcomes));
+            verdict.fail(format!("key {key}: different answers {:?}", record.outcomes));
         }
         if let Outcome::Final { id, status } = first {
             match status_of.get(id.as_str()) {
                 Some(recorded) if recorded == status => {}
                 recorded => verdict
-                    .violations
-                    .push(format!("key {key}: told {id} {status}, the database has {recorded:?}")),
+                    .fail(format!("key {key}: told {id} {status}, the database has {recorded:?}")),
             }
         }
     }
