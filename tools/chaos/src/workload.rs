@@ -1,11 +1,7 @@
-//! The customers: `chargeonce-client` with `RetryPolicy::no_retries()`,
-//! the retry loop here so that every answer's status is seen, each attempt
-//! to the next instance in turn. Every logical operation has one key and
-//! one body, whichever instance an attempt goes to. Scenarios, at random: a
-//! charge; a burst (one key sent at once to every instance, each sender
-//! retrying until final); a refund race (a charge, then one refund of 45 %
-//! of it per instance at once, with different keys: at most two can have
-//! the money).
+//! The customers: `chargeonce-client` without retries (the loop is here, so
+//! every status is seen), each attempt to the next instance, one key and body
+//! per operation. At random: a charge, a burst (one key to every instance at
+//! once) or a refund race (RELIABILITY.md).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,17 +12,14 @@ use chargeonce_client::{Client, Error, IdempotencyKey, NewCharge, NewRefund, Ret
 use rand::Rng;
 use tokio::task::JoinSet;
 
-/// The bound on one attempt: past `database.query_timeout_ms` +
-/// `connect_timeout_ms`, so a stalled database gives 503, not a timeout.
+/// Past the service's query + connect timeouts: a stalled database is a 503.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(6);
-/// How long a customer keeps at one operation while faults run; a left
-/// operation is resumed, with its key, once they stopped.
+/// A customer's patience per operation; the rest is resumed after the faults.
 const PATIENCE: Duration = Duration::from_secs(20);
-/// After faults stop, how long a 503 is still excused (a connection the
-/// pool opened during a partition may still be timing out).
+/// How long a 503 is excused after the faults (a connection opened in a
+/// partition may still time out).
 const GRACE: Duration = Duration::from_secs(10);
 
-/// What a logical operation ended as, from the client's side.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// 201 or 402: the object's id and final status.
@@ -35,7 +28,6 @@ pub enum Outcome {
     Refused(String),
 }
 
-/// One logical operation: its key and request, for resuming it.
 #[derive(Debug, Clone)]
 pub struct Operation {
     /// "charge" or "refund".
@@ -44,7 +36,6 @@ pub struct Operation {
     pub merchant: usize,
     pub key: IdempotencyKey,
     pub charge: NewCharge,
-    /// For a refund: the charge and the request.
     pub refund: Option<(String, NewRefund)>,
     pub burst: bool,
 }
@@ -56,7 +47,6 @@ pub struct Record {
     pub outcomes: Vec<Outcome>,
 }
 
-/// What every customer shares.
 pub struct Shared {
     /// Per merchant, one client per instance.
     clients: Vec<Vec<Client>>,
@@ -73,16 +63,14 @@ pub struct Seen {
     /// Answers that break the documented contract, with key and instance.
     pub bad_answers: Vec<String>,
     pub records: HashMap<String, Record>,
-    /// Set once faults stopped: 503 is expected only before this plus
-    /// [`GRACE`].
+    /// When the faults stopped: 503 is excused until [`GRACE`] after.
     pub calm_since: Option<Instant>,
     pub attempts: usize,
     pub refund_races: usize,
     pub outage: Outage,
 }
 
-/// The answers while a worker is down (Citus), of attempts that began
-/// after it stopped and ended before it started again.
+/// Answers to attempts begun while a Citus worker was down.
 #[derive(Debug, Default)]
 pub struct Outage {
     pub since: Option<Instant>,
@@ -128,8 +116,7 @@ impl Shared {
         lock(&self.seen).records.entry(key).or_default().operation = Some(operation.clone());
     }
 
-    /// One attempt of `operation` on instance `instance`: its final
-    /// outcome, or None to try again.
+    /// One attempt: its final outcome, or None to try again.
     async fn attempt(&self, operation: &Operation, instance: usize) -> Option<Outcome> {
         lock(&self.seen).attempts += 1;
         let (began, key) = (Instant::now(), operation.key.clone());
@@ -179,8 +166,8 @@ impl Shared {
         }
     }
 
-    /// Sends `operation` round-robin from instance `first`, with backoff and
-    /// jitter, until a final answer (recorded) or `deadline`; whether it got one.
+    /// Attempts round-robin from `first`, with jittered backoff, until a final
+    /// answer (recorded) or `deadline`; whether it got one.
     async fn drive(&self, operation: &Operation, first: usize, deadline: Instant) -> bool {
         let (mut instance, mut pause) = (first, 50);
         loop {
@@ -206,7 +193,6 @@ impl Shared {
             .collect()
     }
 
-    /// Resumes every unfinished operation with its key, until `deadline`.
     pub async fn resume_unfinished(self: &Arc<Self>, deadline: Instant) {
         let operations = self.unfinished().into_iter().map(|op| (self.next_instance(), op));
         send_all(self, operations, deadline).await;
@@ -238,7 +224,6 @@ pub async fn customer(shared: Arc<Shared>, merchant: usize, until: Instant) {
     }
 }
 
-/// An operation's deadline while faults run: its patience, at most `until`.
 fn deadline(until: Instant) -> Instant {
     (Instant::now() + PATIENCE).min(until)
 }
@@ -254,7 +239,6 @@ pub fn charge_operation(amount: i64, merchant: usize, burst: bool) -> Operation 
     }
 }
 
-/// Each operation driven at once, from its instance, until `deadline`.
 async fn send_all(
     shared: &Arc<Shared>,
     operations: impl Iterator<Item = (usize, Operation)>,
@@ -268,8 +252,7 @@ async fn send_all(
     while senders.join_next().await.is_some() {}
 }
 
-/// A charge, then one refund per instance, concurrently, with different
-/// keys, each of 45 % of the charge.
+/// A charge, then at once one refund of 45 % of it per instance, each its own key.
 async fn refund_race(shared: &Arc<Shared>, operation: &Operation, until: Instant) {
     let first = shared.next_instance();
     if !shared.drive(operation, first, deadline(until)).await {
