@@ -1,8 +1,6 @@
 //! One full run on a fresh database (BENCHMARKS.md, "What a run does"), and
-//! the binary under test: the release `chargeonce` run from the output
-//! folder (no config/ there: the embedded defaults) with the simulated
-//! processor answering at once, writing its own log to `service.log` so
-//! that its access log costs the load generator nothing.
+//! the binary under test, run in the output folder (no config/: defaults),
+//! the simulated processor instant, its log in `service.log`.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -27,13 +25,11 @@ const FIRST_CONNECTIONS: usize = 32;
 const POOL_FILL_CONNECTIONS: usize = 32;
 /// Starts of the service timed from spawn to ready.
 const READY_SAMPLES: usize = 5;
-/// How long a failed request waits for the service to exit, to tell a
-/// stopped service from a broken connection.
+/// A failed request's wait for the service's exit (stopped, or broken?).
 const EXIT_GRACE: Duration = Duration::from_secs(5);
 
 pub struct ServiceBinary {
     binary: Chargeonce,
-    /// Where the service runs and writes `service.log`, and the report goes.
     pub out_dir: PathBuf,
 }
 
@@ -46,7 +42,7 @@ impl ServiceBinary {
         Ok(Self { binary, out_dir: out_dir.to_owned() })
     }
 
-    /// The bench database migrated, with its merchant; the merchant's API key.
+    /// Migrates the database; the new merchant's API key.
     async fn migrate_and_create_merchant(&self, database: &BenchDatabase) -> Result<String> {
         say("migrating and creating the merchant");
         let run = |args| async move {
@@ -78,9 +74,7 @@ impl ServiceBinary {
         self.spawn(database_url, Duration::from_millis(10)).await
     }
 
-    /// `result`, its error explained if the service is stopping: a request
-    /// that fails because the service died should say so, not just that a
-    /// connection closed.
+    /// `result`, its error saying so if the service died.
     async fn explain<T>(&self, service: &mut Spawned, result: Result<T>) -> Result<T> {
         let Err(error) = result else { return result };
         Err(match service.wait_exit(EXIT_GRACE).await {
@@ -92,8 +86,7 @@ impl ServiceBinary {
         })
     }
 
-    /// READY_SAMPLES starts, each from the spawn until GET /readyz answers
-    /// 200 (asked every millisecond); sorted.
+    /// READY_SAMPLES spawn-to-ready times (asked every ms), sorted.
     async fn start_to_ready(&self, database_url: &str) -> Vec<Duration> {
         let mut ready = Vec::with_capacity(READY_SAMPLES);
         for _ in 0..READY_SAMPLES {
@@ -109,16 +102,14 @@ impl ServiceBinary {
     }
 }
 
-/// One request for each key of the replay pool; `doing` names the step.
 async fn send_replay_pool(plan: &Plan, api: &Api, doing: &str) -> Result<()> {
     let keys: Vec<String> = (0..plan.pool_size).map(scenario::pool_key).collect();
     scenario::send_all(api, POOL_FILL_CONNECTIONS, &keys).await?.require_success(doing)
 }
 
-/// The floor's table, the charges replays re-send, then the pgbench
-/// scripts. ANALYZE as autovacuum would within a minute: until then a
-/// generic plan cached while the table was new may look a replay's key up
-/// through the merchant's listing index, for the service and pgbench alike.
+/// The floor's table, the replay pool, the pgbench scripts. ANALYZE as
+/// autovacuum soon would: else a plan cached on the new table may find a
+/// replay's key through the listing index, for both sides.
 async fn prepare_load(
     plan: &Plan,
     (binary, service, api): (&ServiceBinary, &mut Spawned, &Api),
@@ -164,8 +155,7 @@ pub async fn measure(plan: &Plan, binary: &ServiceBinary, db: &BenchDatabase) ->
     // The instance under load, from here to the end.
     let mut service = binary.start(&db.url).await;
     let (api, pid) = (Api::new(service.port, &api_key)?, service.pid());
-    // New charges at once, no warm-up: the pools, prepared statements and
-    // caches as a start leaves them (its own keys: round `rounds`).
+    // New charges as a start leaves the caches: no warm-up, own keys.
     let plan_first = Plan { warmup: Duration::ZERO, round: plan.rounds, ..plan.for_round(0) };
     let first = scenario::closed_loop(&api, Workload::New, FIRST_CONNECTIONS, &plan_first).await;
     let first = binary.explain(&mut service, first).await?;
@@ -177,9 +167,7 @@ pub async fn measure(plan: &Plan, binary: &ServiceBinary, db: &BenchDatabase) ->
     let mut rows = vec![Row::alone(first_round.to_owned(), FIRST_CONNECTIONS, first)];
     for workload in [Workload::New, Workload::Replay, Workload::Mix] {
         if workload == Workload::Replay {
-            // The new-charge scenarios created far more charges than the
-            // replay cache holds: replaying the pool once puts its answers
-            // back, so the replay scenarios measure the cache (BENCHMARKS.md).
+            // Put the pool's answers back in the replay cache (BENCHMARKS.md).
             let doing = "replaying the pool's keys before the replay scenarios";
             binary.explain(&mut service, send_replay_pool(plan, &api, doing).await).await?;
         }
@@ -213,7 +201,6 @@ pub async fn measure(plan: &Plan, binary: &ServiceBinary, db: &BenchDatabase) ->
     let burst = format!("burst ({} same-key requests per round)", scenario::BURST);
     rows.push(Row::alone(burst, scenario::BURST, sample));
 
-    // Peak memory, after everything.
     let peak_rss = chargeonce_testkit::memory_bytes(&pid.to_string(), "VmHWM:")
         .context("the service's VmHWM")?;
     drop(service);

@@ -1,12 +1,8 @@
-//! The load benchmark of chargeonce, run by `scripts/bench` (BENCHMARKS.md
-//! explains the method and keeps the results): the release binary on a
-//! fresh database beside pgbench running **its own SQL** and **the floor**.
-//!
-//! Invariants: the service runs exactly the statements the scripts run
-//! (else the run stops with the statement's text); every spawned process is
-//! killed and the bench database dropped on every path out (success, error,
-//! panic, Ctrl-C); the exit status says whether the benchmark could measure,
-//! not whether a target was met.
+//! The load benchmark of chargeonce, run by `scripts/bench` (method and
+//! results: BENCHMARKS.md): the release binary beside pgbench running **its
+//! own SQL** and **the floor**. Every spawned process is killed and the bench
+//! database dropped on every way out; the exit status says whether it could
+//! measure, not whether a target was met.
 
 mod bench;
 mod capture;
@@ -69,7 +65,6 @@ struct Args {
     out: Option<PathBuf>,
 }
 
-/// How long and how wide each step runs, in how many interleaved rounds.
 #[derive(Clone)]
 pub struct Plan {
     pub quick: bool,
@@ -79,16 +74,14 @@ pub struct Plan {
     /// Charges made beforehand for replays; the floor's table has as many.
     pub pool_size: usize,
     pub rounds: usize,
-    /// Which round this is: in the keys, so no round re-sends another's.
+    /// This round, in the keys: no round re-sends another's.
     pub round: usize,
 }
 
 impl Plan {
     fn new(quick: bool) -> Self {
-        // In a full run the three sides take turns in rounds: this machine's
-        // throughput swings within minutes (the floor made 6,049 and 4,013
-        // new charges/s ten minutes apart), and turns share the good and
-        // bad seconds alike.
+        // Sides take turns in rounds: this machine's speed swings within
+        // minutes (the floor's new charges/s: 6,049, then 4,013).
         let (connections, warmup, measure, pool_size, rounds): (&[usize], _, _, _, _) = match quick
         {
             true => (&[1, 32], Duration::from_millis(300), Duration::from_secs(1), 2_000, 1),
@@ -135,8 +128,8 @@ async fn run(args: Args) -> Result<()> {
         if runs > 1 {
             say(format!("run {run} of {runs}"));
         }
-        // The service and pgbench live inside the measuring future: they are
-        // killed when it ends or is dropped (Ctrl-C), before the database.
+        // Processes live in the future: killed with it (Ctrl-C), before the
+        // database is dropped.
         let database = BenchDatabase::create(&args.admin_url).await?;
         let measured = async {
             let Some(seconds) = args.sustain else {
