@@ -1,7 +1,5 @@
-//! Running pgbench: the scripts of `script` written and checked, then run
-//! as `pgbench -n -M prepared -c C -j 2` right after the service, as long
-//! and after as long a warm-up. Throughput from its summary, latencies from
-//! its per-transaction log (`-l`): one entry per charge or replay.
+//! pgbench: the scripts of `script` written, checked and run as long as the
+//! service was; throughput from its summary, latencies from its `-l` log.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -16,15 +14,12 @@ use crate::script;
 use crate::stats::Tally;
 use crate::{say, Plan};
 
-/// pgbench's threads: the machine's two cores; more would only compete
-/// with the backends.
+/// pgbench's threads: this machine's cores.
 const THREADS: usize = 2;
 const CHECK_RUNS: i64 = 20;
 
-/// One pair of scripts (a new charge, a replay) and the `-D` variables they
-/// need, but `run` (which names the run in the keys of new charges).
+/// A new-charge and a replay script and their `-D` variables but `run`.
 pub struct ScriptSet {
-    /// "own SQL" or "floor", for messages and the report.
     pub label: &'static str,
     new: PathBuf,
     replay: PathBuf,
@@ -32,7 +27,6 @@ pub struct ScriptSet {
 }
 
 impl ScriptSet {
-    /// `-f` and `-D` arguments for `workload`; `run` names the run.
     fn args(&self, workload: Workload, run: &str) -> Vec<String> {
         let file =
             |path: &Path, weight: &str| ["-f".to_owned(), format!("{}{weight}", path.display())];
@@ -45,7 +39,6 @@ impl ScriptSet {
             ]
             .concat(),
         };
-        // The variables, and `run` if there are any.
         let run = ("run".to_owned(), run.to_owned());
         let variables = self.variables.iter().chain((!self.variables.is_empty()).then_some(&run));
         let variables =
@@ -54,9 +47,8 @@ impl ScriptSet {
     }
 }
 
-/// A measured pgbench run, or a point's rounds added up. Its latencies'
-/// count over `stats::SLOW` shows a stall of the machine as the service's
-/// does; `wal.requests` counts every script run, warm-up included.
+/// A measured run, or a point's rounds added up; `wal.requests` counts every
+/// script run, warm-up included.
 pub struct PgbenchRun {
     pub tps: f64,
     pub latencies: Tally,
@@ -134,7 +126,6 @@ impl Pgbench {
         Ok(stdout)
     }
 
-    /// `set`'s scripts at `clients` connections, after the service's warm-up.
     pub async fn run(
         &self,
         set: &ScriptSet,
@@ -161,9 +152,8 @@ impl Pgbench {
         Ok(PgbenchRun { tps, latencies, wal, seconds: plan.measure.as_secs().max(1) as f64 })
     }
 
-    /// `set`'s `workload` offered open-loop (`--rate`) at `rate` per second
-    /// by `clients` for `length`; the latencies per minute, each from the
-    /// transaction's scheduled start.
+    /// `workload` offered open-loop at `rate`/s; latencies per minute, from
+    /// the scheduled start.
     pub async fn open_loop(
         &self,
         set: &ScriptSet,
@@ -182,8 +172,7 @@ impl Pgbench {
         logged_latencies(&self.log_dir, Some((start.as_secs(), length.as_secs())))
     }
 
-    /// `-l --log-prefix=…` in an emptied log folder: one log file per
-    /// pgbench thread, `<prefix>.<pid>[.<thread>]`.
+    /// `-l --log-prefix=…` in an emptied log folder.
     fn log_args(&self, set: &ScriptSet, run: &str) -> Result<[String; 2]> {
         let _ = fs::remove_dir_all(&self.log_dir);
         fs::create_dir_all(&self.log_dir)
@@ -192,8 +181,7 @@ impl Pgbench {
         Ok(["-l".to_owned(), format!("--log-prefix={}", prefix.display())])
     }
 
-    /// Checks each script's effect: a new charge leaves a row as the service
-    /// leaves it (the floor's: in its final state); a replay creates nothing.
+    /// A new charge's script leaves one row as the service does; a replay's none.
     pub async fn check(&self, db: &Client) -> Result<()> {
         let count = |sql: &'static str| async move {
             let row = db
@@ -243,9 +231,9 @@ fn summary(stdout: &str) -> Result<(f64, u64)> {
     }
 }
 
-/// The latencies (plus the schedule lag of `--rate`) in pgbench's logs,
-/// lines of `client transaction latency_us script epoch_s epoch_us [lag_us]`:
-/// per minute of a run's (start epoch second, length), or all in one.
+/// Latencies plus `--rate`'s lag from the logs' lines (`client transaction
+/// latency_us script epoch_s epoch_us [lag_us]`), per minute of `run`
+/// (start epoch second, length) or all in one.
 fn logged_latencies(log_dir: &Path, run: Option<(u64, u64)>) -> Result<Vec<Tally>> {
     let mut minutes = vec![Tally::new()?];
     for entry in fs::read_dir(log_dir).with_context(|| format!("reading {}", log_dir.display()))? {

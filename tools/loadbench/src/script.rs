@@ -17,8 +17,7 @@ use tokio_postgres::Client;
 
 use crate::scenario::POOL_KEY_PREFIX;
 
-/// The constants a new charge runs, in order (capture checks the service
-/// runs exactly these per request).
+/// A new charge's constants, in order (capture.rs checks the service's).
 pub const NEW_CHARGE_STATEMENTS: &[&str] = &[
     "charges::INSERT_OR_FIND",
     "charges::RECORD_OUTCOME",
@@ -27,18 +26,15 @@ pub const NEW_CHARGE_STATEMENTS: &[&str] = &[
 ];
 pub const REPLAY_STATEMENTS: &[&str] = &["charges::INSERT_OR_FIND"];
 
-/// A time-ordered id like the service's UUIDv7: milliseconds, then random,
-/// as 32 hex digits (the translator casts them to uuid). Random (v4) ids
-/// would scatter the primary-key inserts over the index.
+/// Time-ordered like the service's UUIDv7 (random ids would scatter the
+/// primary-key inserts): milliseconds, then random, 32 hex digits.
 const NEW_ID_SQL: &str =
     "lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0') \
                           || left(md5(random()::text), 20)";
-/// The simulated processor's payment id: distinct per charge.
 const PAYMENT_ID_SQL: &str = "'sim_' || left(md5(random()::text), 24)";
 const RANDOM_MAX: &str = "9223372036854775806";
 
-/// `value` as the parameter's text in a statement, cast to its declared
-/// type: a bare `:variable` as it is, other SQL in brackets.
+/// `value` cast to `type_name`; SQL other than a bare `:variable` bracketed.
 fn render(value: &str, type_name: &str) -> String {
     let name = value.strip_prefix(':');
     match name.is_some_and(|n| n.chars().all(|c| c.is_alphanumeric() || c == '_')) {
@@ -47,12 +43,9 @@ fn render(value: &str, type_name: &str) -> String {
     }
 }
 
-/// `statement` on one line, each `$n` (outside literals and quoted names)
-/// replaced by `values[n - 1]` (a `:variable` or SQL the server evaluates)
-/// cast to the parameter's declared type, as the service's parameters are
-/// typed; ended by `\gset <prefix>` if given (one row's columns become
-/// `:<prefix><column>`; no row or several fail the script), else by `;`. A
-/// comment would swallow the rest of the line, so it is an error.
+/// `statement` on one line, each `$n` outside quotes replaced by
+/// `values[n - 1]` cast to the parameter's type; ended by `\gset <prefix>`
+/// if given, else `;`. A comment would swallow the line: an error.
 pub fn statement_lines(
     statement: &Statement,
     values: &[&str],
@@ -88,8 +81,7 @@ pub fn statement_lines(
             return String::new();
         };
         used[index] = true;
-        // An array parameter of a batched statement: a batch of one, as the
-        // service sends when requests come one at a time.
+        // A batched statement's array: a batch of one, as for lone requests.
         match params[index].kind() {
             Kind::Array(element) => format!("ARRAY[{}]", render(values[index], element.name())),
             _ => render(values[index], params[index].name()),
@@ -107,10 +99,8 @@ pub fn statement_lines(
     })
 }
 
-/// `charges::INSERT_OR_FIND`, the first of `total` statements, with the
-/// key given (`draw` sets what it uses): the rest is what the service sends
-/// for the benchmark's body. It inserts the pending charge or finds the
-/// one that holds the key; `\gset` carries its id on.
+/// `charges::INSERT_OR_FIND` (1 of `total`) with `key`, which `draw` sets up;
+/// `\gset` carries the pending or found charge on.
 fn insert_or_find(draw: &str, key: &str, total: usize) -> Result<String> {
     // customer, description: NULL.
     let values = [NEW_ID_SQL, ":merchant_id", key, ":fingerprint", ":amount", ":currency"];
@@ -119,10 +109,8 @@ fn insert_or_find(draw: &str, key: &str, total: usize) -> Result<String> {
     Ok(format!("\n-- 1/{total} {}\n{draw}{line}", NEW_CHARGE_STATEMENTS[0]))
 }
 
-/// A new charge with the service's own SQL: a fresh key per run, the
-/// pending charge inserted, then its outcome, its outbox event and the
-/// event's queue row recorded in one transaction. The event's id is the
-/// charge's (unique among the benchmark's events: one per charge).
+/// A new charge: a fresh key's pending charge, then in one transaction its
+/// outcome, event (id: the charge's, one per charge) and queue row.
 pub fn own_sql_new() -> Result<String> {
     let draw = format!("\\set k random(1, {RANDOM_MAX})\n");
     let mut text = insert_or_find(&draw, "'pgb-' || :run || '-' || :k", 4)?;
@@ -145,14 +133,13 @@ pub fn own_sql_new() -> Result<String> {
     Ok(text)
 }
 
-/// A replay with the service's own SQL: the insert finds a pool key's charge.
 pub fn own_sql_replay(pool_size: usize) -> Result<String> {
     let draw = format!("\\set i random(0, {})\n", pool_size.saturating_sub(1));
     insert_or_find(&draw, &format!("'{POOL_KEY_PREFIX}' || :i"), 1)
 }
 
-/// The own-SQL scripts' `-D` variables but `run`, some read from the first
-/// charge: they reach PostgreSQL as parameters, as the service's values do.
+/// The own-SQL scripts' `-D` variables but `run`; parameters, as the
+/// service's values are.
 pub async fn service_variables(db: &Client) -> Result<Vec<(String, String)>> {
     let row = db
         .query_one(
@@ -174,16 +161,14 @@ pub async fn service_variables(db: &Client) -> Result<Vec<(String, String)>> {
         ("amount", "1000"),
         ("currency", "USD"),
         ("metadata", "{}"),
-        // The service's default idempotency.lease_ms; any value costs
-        // PostgreSQL the same.
+        // The default idempotency.lease_ms (any costs the same).
         ("lease_ms", "30000"),
         ("status", Status::Succeeded.as_str()),
     ];
     Ok(variables.map(|(name, value)| (name.to_owned(), value.to_owned())).to_vec())
 }
 
-/// The floor's table: what a charge needs, nothing more (no events, no
-/// lease, no metadata).
+/// The floor's table: what a charge needs, nothing more.
 pub const FLOOR_TABLE: &str = "\
 CREATE TABLE bench_charges (id uuid PRIMARY KEY, merchant_id text NOT NULL, client_idempotency_key text NOT NULL,
   request_fingerprint bytea NOT NULL, amount bigint NOT NULL CHECK (amount > 0), currency text NOT NULL, customer text,
@@ -191,7 +176,6 @@ CREATE TABLE bench_charges (id uuid PRIMARY KEY, merchant_id text NOT NULL, clie
   updated_at timestamptz NOT NULL DEFAULT now(), UNIQUE (merchant_id, client_idempotency_key));
 ";
 
-/// The rows the floor's replays look up, keyed as the service's pool is.
 pub fn floor_rows(pool_size: usize) -> String {
     format!(
         "INSERT INTO bench_charges (id, merchant_id, client_idempotency_key, request_fingerprint, \
@@ -203,7 +187,6 @@ pub fn floor_rows(pool_size: usize) -> String {
     )
 }
 
-/// The floor of a new charge: the pending row inserted, then its outcome.
 pub const FLOOR_NEW: &str = "\
 \\set amount random(100, 100000)
 INSERT INTO bench_charges (id, merchant_id, client_idempotency_key, request_fingerprint, amount, currency, customer, description, status)
@@ -212,8 +195,7 @@ ON CONFLICT (merchant_id, client_idempotency_key) DO NOTHING RETURNING id \\gset
 UPDATE bench_charges SET status = 'succeeded', updated_at = now() WHERE id = :id;
 ";
 
-/// The floor of a replay: one row by (merchant, key) through the unique
-/// index, as fast as a primary-key lookup, with what an answer shows.
+/// One row by (merchant, key) through the unique index.
 pub fn floor_replay(pool_size: usize) -> String {
     format!(
         "\\set i random(0, {})\n\
