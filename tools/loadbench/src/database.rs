@@ -1,6 +1,4 @@
-//! The bench database (made and dropped by the test kit, with
-//! pg_stat_statements), the floor's table, the quiet start of each run and
-//! the WAL each run wrote.
+//! The bench database, the floor's table, each run's quiet start and WAL.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -11,11 +9,13 @@ use tokio_postgres::{Client, NoTls};
 
 use crate::{say, script};
 
+/// Longest wait for the service's outbox to empty before a run.
+const SETTLE_LIMIT: Duration = Duration::from_secs(180);
+
 pub async fn connect(url: &str) -> Result<Client> {
     let (client, connection) = tokio_postgres::connect(url, NoTls)
         .await
         .with_context(|| format!("cannot connect to {}", redact(url)))?;
-    // A lost connection shows in the next query's error.
     tokio::spawn(connection);
     Ok(client)
 }
@@ -24,9 +24,9 @@ pub struct BenchDatabase {
     database: TestDatabase,
     pub url: String,
     pub client: Client,
-    /// A connection to the server's admin database (CHECKPOINT).
+    /// To the admin database (CHECKPOINT).
     pub admin: Client,
-    /// pg_walinspect is installed: the WAL's full-page images are counted.
+    /// pg_walinspect is there: full-page images are counted.
     walinspect: bool,
     warned: Cell<bool>,
 }
@@ -47,7 +47,6 @@ impl BenchDatabase {
                 "pg_stat_statements is not usable on this server; it must be in \
                  shared_preload_libraries (scripts/bench's own cluster has it)",
             )?;
-        // Optional: without it the report gives WAL bytes but no FPI share.
         let walinspect =
             client.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect").await.is_ok();
         let warned = Cell::new(false);
@@ -65,7 +64,6 @@ impl BenchDatabase {
         self.client.batch_execute(&sql).await.context("creating the floor's table")
     }
 
-    /// Where the numbers were taken: cores, CPU, PostgreSQL and its settings.
     pub async fn machine(&self) -> Result<String> {
         let sql = "SELECT current_setting('server_version'), \
                    string_agg(name || '=' || current_setting(name), ', ' ORDER BY i) \
@@ -81,14 +79,12 @@ impl BenchDatabase {
         Ok(format!("{cores} cores (nproc), {cpu}; PostgreSQL {postgres} ({settings})"))
     }
 
-    /// Where the WAL ends now (flushed), to measure from.
     pub async fn wal_mark(&self) -> Result<String> {
         let row = self.client.query_one("SELECT pg_current_wal_flush_lsn()::text", &[]).await;
         Ok(row.context("pg_current_wal_flush_lsn()")?.get(0))
     }
 
-    /// The cluster's WAL since `mark`, from the LSNs (pg_stat_wal lags by
-    /// what idle backends have not reported yet).
+    /// The WAL since `mark`, from LSNs (pg_stat_wal lags behind idle backends).
     pub async fn wal_since(&self, mark: &str, requests: u64) -> Result<Wal> {
         let (lsn, db) = ("$1::text::pg_lsn", &self.client);
         let sql = format!("SELECT pg_wal_lsn_diff(pg_current_wal_flush_lsn(), {lsn})::float8");
@@ -97,51 +93,17 @@ impl BenchDatabase {
             "SELECT sum(fpi_size)::float8, sum(combined_size)::float8 \
                FROM pg_get_wal_stats({lsn}, pg_current_wal_flush_lsn())"
         );
-        // It fails once checkpoints have removed the segments (long runs).
+        // Fails once checkpoints removed the segments (long runs).
         let fpi = match self.walinspect && bytes > 0.0 {
             true => db.query_one(&sql, &[&mark]).await.ok().map(|row| (row.get(0), row.get(1))),
             false => None,
         };
         Ok(Wal { bytes, fpi, requests })
     }
-}
 
-/// WAL a measured phase wrote (added up over rounds) and the requests, or
-/// pgbench script runs, it served, warm-ups included.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Wal {
-    pub bytes: f64,
-    /// Bytes of full-page images and of all records (pg_walinspect).
-    pub fpi: Option<(f64, f64)>,
-    pub requests: u64,
-}
-
-impl Wal {
-    pub fn add(&mut self, other: &Wal) {
-        self.bytes += other.bytes;
-        self.fpi = self.fpi.zip(other.fpi).map(|(a, b)| (a.0 + b.0, a.1 + b.1));
-        self.requests += other.requests;
-    }
-
-    pub fn per_request(&self) -> Option<f64> {
-        (self.requests > 0).then(|| self.bytes / self.requests as f64)
-    }
-
-    /// The share of the WAL's record bytes that are full-page images.
-    pub fn fpi_share(&self) -> Option<f64> {
-        self.fpi.filter(|(_, all)| *all > 0.0).map(|(fpi, all)| fpi / all)
-    }
-}
-
-/// Longest wait for the service's outbox to empty before a run.
-const SETTLE_LIMIT: Duration = Duration::from_secs(180);
-
-/// Each measured run starts once the webhook dispatcher has fanned out every
-/// event so far (the own-SQL pgbench writes events too), then a CHECKPOINT,
-/// so that no run pays for the previous one's leftovers. The CHECKPOINT
-/// needs superuser; without it the runs go on unaligned, with one warning.
-impl BenchDatabase {
-    /// Waits for the outbox to empty, checkpoints; where the WAL ends then.
+    /// Each run starts once every event so far was fanned out, then from a
+    /// CHECKPOINT (superuser only, else one warning), so no run pays for the
+    /// one before. Where the WAL ends then.
     pub async fn checkpoint(&self) -> Result<String> {
         self.settle().await?;
         if let Err(error) = self.admin.batch_execute("CHECKPOINT").await {
@@ -154,8 +116,7 @@ impl BenchDatabase {
         self.wal_mark().await
     }
 
-    /// The WAL since `mark` once the outbox is empty: the fan-out of a
-    /// phase's events is part of what it wrote.
+    /// The WAL since `mark` once the outbox is empty: with the fan-out.
     pub async fn settled_wal_since(&self, mark: &str, requests: u64) -> Result<Wal> {
         self.settle().await?;
         self.wal_since(mark, requests).await
@@ -174,5 +135,31 @@ impl BenchDatabase {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Ok(())
+    }
+}
+
+/// WAL a phase wrote and the requests or script runs it served, warm-ups
+/// included.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Wal {
+    pub bytes: f64,
+    /// Bytes of full-page images and of all records.
+    pub fpi: Option<(f64, f64)>,
+    pub requests: u64,
+}
+
+impl Wal {
+    pub fn add(&mut self, other: &Wal) {
+        self.bytes += other.bytes;
+        self.fpi = self.fpi.zip(other.fpi).map(|(a, b)| (a.0 + b.0, a.1 + b.1));
+        self.requests += other.requests;
+    }
+
+    pub fn per_request(&self) -> Option<f64> {
+        (self.requests > 0).then(|| self.bytes / self.requests as f64)
+    }
+
+    pub fn fpi_share(&self) -> Option<f64> {
+        self.fpi.filter(|(_, all)| *all > 0.0).map(|(fpi, all)| fpi / all)
     }
 }

@@ -1,10 +1,6 @@
-//! The Markdown report and its targets, PASS or MISS (a missed target is a
-//! result, not a failure), set against service ÷ floor: service ÷ own SQL
-//! improves when our SQL gets slower. With `--runs N`, each target judged
-//! over all runs by the 95 % confidence interval of its mean (Student's t):
-//! MET when it keeps the bound, MISSED when it breaks it, UNDECIDED when it
-//! straddles it; a target that something never happens, only if every run
-//! met it (BENCHMARKS.md, "Judging a target over runs").
+//! The Markdown report and its targets, PASS or MISS, set against service ÷
+//! floor (÷ own SQL improves when our SQL gets slower); with `--runs N`,
+//! judged over the runs (BENCHMARKS.md, "Judging a target over runs").
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -26,12 +22,10 @@ pub struct Row {
     pub sample: Sample,
     pub own: Option<PgbenchRun>,
     pub floor: Option<PgbenchRun>,
-    /// Service ÷ floor in each interleaved round: how far the ratio swings
-    /// from one round to the next on this machine.
+    /// Service ÷ floor in each round: how far it swings on this machine.
     pub floor_ratio_by_round: Vec<f64>,
 }
 
-/// The service's throughput over a pgbench run's, if the run made any.
 pub fn ratio(sample: &Sample, yardstick: Option<&PgbenchRun>) -> Option<f64> {
     yardstick.filter(|run| run.tps > 0.0).map(|run| sample.rps() / run.tps)
 }
@@ -47,7 +41,6 @@ impl Row {
         Row { scenario, connections, sample, own: None, floor: None, floor_ratio_by_round }
     }
 
-    /// A point measured in rounds, each side's rounds added up.
     pub fn from_rounds(
         scenario: String,
         connections: usize,
@@ -66,8 +59,7 @@ impl Row {
         Ok(Row { own, floor, floor_ratio_by_round, ..Row::alone(scenario, connections, sample) })
     }
 
-    /// `0.97 (rounds 0.88–1.10)`: service ÷ floor over all rounds, then its
-    /// lowest and highest round when there were several.
+    /// `0.97 (rounds 0.88–1.10)`: over all rounds, then the lowest and highest.
     fn floor_ratio_text(&self) -> String {
         let spread = lowest_and_highest(&self.floor_ratio_by_round);
         match (ratio(&self.sample, self.floor.as_ref()), spread) {
@@ -88,8 +80,8 @@ pub struct Report {
     pub ready: Vec<Duration>,
 }
 
-/// A target, whether it was met (None: not measured), and for a target on
-/// a number the number and its bound, which `runs` averages.
+/// A target, whether it was met (None: not measured), and its number and
+/// bound if it has them.
 pub struct Target {
     pub name: String,
     pub measured: String,
@@ -130,7 +122,6 @@ fn number(value: Option<f64>, decimals: usize) -> String {
     value.map_or_else(|| "—".to_owned(), |v| format!("{v:.decimals$}"))
 }
 
-/// The service's WAL per request over the floor's per script run.
 fn wal_ratio(row: &Row) -> Option<f64> {
     let floor = row.floor.as_ref().and_then(|run| run.wal.per_request());
     row.sample.wal.per_request().zip(floor.filter(|f| *f > 0.0)).map(|(s, f)| s / f)
@@ -170,8 +161,7 @@ impl Report {
             Bound::AtMost(WAL_NEW_MAX_OF_FLOOR),
         ));
 
-        // The floor's own p99 at the same count says what this machine can
-        // do at all.
+        // The floor's p99: what this machine can do at all.
         let p99 = new_32.map(|row| row.sample.tally.percentile_ms(0.99));
         let floor_p99 = new_32.and_then(|row| row.floor.as_ref()).map(PgbenchRun::p99_ms);
         let measured = p99.map_or("not measured".to_owned(), |p| match floor_p99 {
@@ -181,8 +171,7 @@ impl Report {
         let name = format!("p99 of new at {TARGET_CONNECTIONS} ≤ {P99_NEW_MAX_MS:.0} ms");
         targets.push(Target::on_number(name, measured, p99, Bound::AtMost(P99_NEW_MAX_MS)));
 
-        // The floor's own count at the same scenario tells a stall of the
-        // machine (every client of the floor waits too) from one of ours.
+        // The floor's count tells a stall of the machine from one of ours.
         let at_32 = || self.rows.iter().filter(|r| r.connections == TARGET_CONNECTIONS);
         let slow: Vec<String> = (at_32())
             .filter_map(|row| Some((row, row.floor.as_ref()?.latencies.slow)))
@@ -361,7 +350,7 @@ pub fn interval(values: &[f64]) -> Option<(f64, f64, f64)> {
     (values.len() >= 2).then_some((mean, mean - half, mean + half))
 }
 
-/// The targets over the runs; each run's targets in `Report::targets` order.
+/// The targets over the runs, each run's in `Report::targets` order.
 pub fn over_runs(runs: &[Vec<Target>]) -> String {
     let mut md = format!(
         "## The targets over {} runs\n\n\
@@ -387,7 +376,6 @@ pub fn over_runs(runs: &[Vec<Target>]) -> String {
                 (false, false) => "MISSED",
                 _ => "UNDECIDED",
             },
-            // Never-happens targets, and a number measured once.
             _ if met == results.len() => "MET",
             _ => "MISSED",
         };
