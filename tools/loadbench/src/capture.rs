@@ -1,8 +1,6 @@
-//! What the service asks PostgreSQL per request, read back from
-//! pg_stat_statements: every statement must be one of `db::ALL_STATEMENTS`,
-//! and the ones run about once per request exactly those the flow's script
-//! runs, so that a changed request path stops the benchmark instead of
-//! comparing against the wrong SQL. Also the round trips per request.
+//! What the service asks PostgreSQL per request (pg_stat_statements): every
+//! statement a constant of `db::ALL_STATEMENTS`, those run per request the
+//! script's, so a changed request path stops the benchmark. Also round trips.
 
 use std::sync::LazyLock;
 
@@ -15,18 +13,14 @@ use crate::database::BenchDatabase;
 use crate::http::Api;
 use crate::scenario::send_all;
 
-/// A statement that runs at least this often per request is part of the
-/// request path; rarer ones (a cached lookup, the background workers) are
-/// only counted as round trips.
+/// At least this often per request: on the request path (rarer ones, a
+/// cached lookup or a worker's, only count as round trips).
 const PER_REQUEST: f64 = 0.5;
-/// The webhook dispatcher's, once per request when they come one at a time;
-/// it fans out the own-SQL script's events too, so not part of that script.
+/// The dispatcher's, once per lone request; it fans out the script's events too.
 const BACKGROUND: &[&str] = &["events::FAN_OUT"];
-/// What [`identify`] calls BEGIN, COMMIT and ROLLBACK: round trips (one per
-/// outcome, or per batch of them), not statements of a script.
+/// What [`identify`] calls BEGIN, COMMIT and ROLLBACK: round trips only.
 const TRANSACTION_CONTROL: &str = "Conn::transaction";
 
-/// A statement as pg_stat_statements recorded it, and its constant if known.
 pub struct Seen {
     pub text: String,
     pub calls: i64,
@@ -59,8 +53,7 @@ impl Captured {
         self.statements.iter().map(|s| s.calls).sum::<i64>() as f64 / self.requests as f64
     }
 
-    /// Fails unless every statement is known and those run per request are
-    /// `expected` (a constant's name once per execution).
+    /// Fails unless every statement is known and those per request `expected`.
     pub fn require_same_as(&self, expected: &[&str], flow: &str) -> Result<()> {
         let unknown: Vec<String> = (self.statements.iter())
             .filter(|seen| seen.constant.is_none())
@@ -102,8 +95,7 @@ impl Captured {
     }
 }
 
-/// What the database executed while a fresh service (its statements all
-/// prepared after the reset) handled each key once, in sequence.
+/// What the database ran while a fresh service handled each key in turn.
 pub async fn capture(
     binary: &ServiceBinary,
     database: &BenchDatabase,
@@ -129,8 +121,6 @@ pub async fn capture(
     Ok(Captured::new(rows.iter().map(|row| (row.get(0), row.get(1))).collect(), keys.len()))
 }
 
-/// The known constant a captured text is. The outcomes are transactions
-/// (`db::Conn::transaction`): their BEGIN and COMMIT are known.
 fn identify(text: &str) -> Option<&'static str> {
     let captured = shape(text);
     if ["BEGIN", "COMMIT", "ROLLBACK"].contains(&captured.as_str()) {
@@ -140,9 +130,8 @@ fn identify(text: &str) -> Option<&'static str> {
     known.find(|(_, statement)| shape(statement.sql) == captured).map(|(name, _)| *name)
 }
 
-/// The text with every value slot (`$n`, literals, TRUE, FALSE, NULL) as
-/// `?` and whitespace collapsed: pg_stat_statements stores literals as
-/// further `$n`, so a captured text has its constant's shape.
+/// Every value slot (`$n`, literals, TRUE, FALSE, NULL) as `?`, whitespace
+/// collapsed: pg_stat_statements stores literals as `$n`.
 pub fn shape(sql: &str) -> String {
     static SLOT: LazyLock<Regex> = LazyLock::new(|| {
         Regex::new(

@@ -1,12 +1,7 @@
-//! The load client: one keep-alive HTTP/1.1 connection per simulated
-//! client, sending `POST /v1/charges`; a latency runs from handing the
-//! request to the connection until the answer's last byte. Not hyper's
-//! client: at one client the generator's CPU is part of every round trip,
-//! and hyper's (a connection task fed through a channel, a header map per
-//! answer) cost 12–17 µs per request here against about 5 µs for pgbench's
-//! client and this one, which writes a request prepared up to its key and
-//! reads the head with `httparse`. It speaks only what the service answers:
-//! a `Content-Length` body, keep-alive or `Connection: close`.
+//! The load client: one keep-alive HTTP/1.1 connection per client, a latency
+//! from the request's write to the answer's last byte. Not hyper's client:
+//! 12–17 µs per request against pgbench's and this one's 5 (BENCHMARKS.md).
+//! It speaks only what the service answers: `Content-Length` bodies.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -15,14 +10,13 @@ use anyhow::{bail, ensure, Context as _, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// Every charge request carries this body; the simulated processor lets
-/// an amount of 1000 succeed.
+/// The simulated processor lets 1000 succeed.
 pub const BODY: &str = r#"{"amount":1000,"currency":"USD"}"#;
-/// An answer head or body longer than these is not the service's.
+/// Longer is not the service's.
 const MAX_HEAD_BYTES: usize = 16 * 1024;
 const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 
-/// One keep-alive connection; `buffer[..filled]` is read and not consumed.
+/// `buffer[..filled]` is read and not consumed.
 pub struct Http {
     stream: TcpStream,
     buffer: Vec<u8>,
@@ -48,7 +42,6 @@ impl Http {
     pub async fn connect(addr: SocketAddr) -> Result<Self> {
         let stream =
             TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
-        // Requests are small and latency-bound: no Nagle delay.
         stream.set_nodelay(true)?;
         Ok(Self { stream, buffer: vec![0; 4096], filled: 0, closed: false })
     }
@@ -93,8 +86,7 @@ impl Http {
     }
 }
 
-/// The head at the start of `bytes` (status, replayed, head + body length,
-/// close), or `None` if it is not all there yet.
+/// (status, replayed, head + body length, close), None if incomplete.
 fn parse_head(bytes: &[u8]) -> Result<Option<(u16, bool, usize, bool)>> {
     let mut headers = [httparse::EMPTY_HEADER; 32];
     let mut response = httparse::Response::new(&mut headers);
@@ -126,7 +118,7 @@ fn parse_head(bytes: &[u8]) -> Result<Option<(u16, bool, usize, bool)>> {
     Ok(Some((status, replayed, head_length + body, close)))
 }
 
-/// POST /v1/charges for the bench merchant, written once up to the key.
+/// POST /v1/charges, written once up to the key.
 pub struct Api {
     pub addr: SocketAddr,
     before_key: String,
@@ -150,7 +142,6 @@ impl Api {
     }
 }
 
-/// Visible ASCII only: nothing that could end a header line.
 fn header_safe(value: &str) -> bool {
     !value.is_empty() && value.bytes().all(|b| b.is_ascii_graphic())
 }
@@ -159,8 +150,7 @@ fn header_safe(value: &str) -> bool {
 mod tests {
     use super::*;
 
-    /// A server that answers each request (read up to its body) with the
-    /// next of `answers`, one byte at a time; the requests it read.
+    /// Answers each request with the next of `answers`, byte by byte; what it read.
     async fn server(answers: Vec<&'static [u8]>) -> (SocketAddr, tokio::task::JoinHandle<String>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
