@@ -1,6 +1,5 @@
-//! Latencies in an HDR histogram (3 significant digits), an exact count of
-//! answers slower than [`SLOW`], statuses and WAL. Each client records into
-//! its own tally, merged at the end, so recording never waits.
+//! Latencies (HDR histogram, 3 digits), a count over [`SLOW`], statuses; a
+//! tally per client, merged at the end, so recording never waits.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -11,15 +10,13 @@ use hdrhistogram::Histogram;
 use crate::database::Wal;
 use crate::http::Answer;
 
-/// One of the targets is that no request is slower than this.
+/// A target: no request slower.
 pub const SLOW: Duration = Duration::from_millis(100);
 
-/// Latencies in microseconds, up to a minute (slower ones count as that),
-/// and statuses.
+/// Latencies in µs up to a minute (slower count as that), and statuses.
 #[derive(Clone)]
 pub struct Tally {
     histogram: Histogram<u64>,
-    /// Answers slower than [`SLOW`].
     pub slow: u64,
     statuses: BTreeMap<u16, u64>,
 }
@@ -53,32 +50,31 @@ impl Tally {
         self.histogram.len()
     }
 
-    /// The latency below which `quantile` of the answers fall, in ms; NaN
-    /// when nothing was recorded.
+    /// In ms; NaN when nothing was recorded.
     pub fn percentile_ms(&self, quantile: f64) -> f64 {
-        match self.histogram.is_empty() {
-            true => f64::NAN,
-            false => self.histogram.value_at_quantile(quantile) as f64 / 1000.0,
-        }
+        self.ms(self.histogram.value_at_quantile(quantile))
     }
 
     pub fn max_ms(&self) -> f64 {
-        match self.histogram.is_empty() {
-            true => f64::NAN,
-            false => self.histogram.max() as f64 / 1000.0,
-        }
+        self.ms(self.histogram.max())
+    }
+
+    fn ms(&self, micros: u64) -> f64 {
+        Some(micros as f64 / 1000.0).filter(|_| !self.histogram.is_empty()).unwrap_or(f64::NAN)
+    }
+
+    fn failures(&self) -> impl Iterator<Item = (&u16, &u64)> {
+        self.statuses.iter().filter(|(status, _)| !(200..300).contains(*status))
     }
 
     pub fn non_2xx(&self) -> u64 {
-        self.statuses.iter().filter(|(s, _)| !(200..300).contains(*s)).map(|(_, n)| n).sum()
+        self.failures().map(|(_, count)| count).sum()
     }
 
     /// "0", or e.g. "3 (409: 2, 503: 1)".
     pub fn non_2xx_text(&self) -> String {
-        let failures: Vec<String> = (self.statuses.iter())
-            .filter(|(status, _)| !(200..300).contains(*status))
-            .map(|(status, count)| format!("{status}: {count}"))
-            .collect();
+        let failures: Vec<String> =
+            self.failures().map(|(status, count)| format!("{status}: {count}")).collect();
         match failures.is_empty() {
             true => "0".to_owned(),
             false => format!("{} ({})", self.non_2xx(), failures.join(", ")),
@@ -91,8 +87,7 @@ impl Tally {
     }
 }
 
-/// A measured run: its tally over `seconds`, and the WAL written
-/// (`wal.requests` counts every answer, warm-up included).
+/// A tally over `seconds`, and the WAL (`wal.requests`: warm-up included).
 pub struct Sample {
     pub tally: Tally,
     pub seconds: f64,
@@ -107,7 +102,7 @@ impl Sample {
         }
     }
 
-    /// Adds a later round of the same point: its answers, time and WAL.
+    /// Adds a later round of the same point.
     pub fn merge(&mut self, other: &Sample) -> Result<()> {
         self.tally.merge(&other.tally)?;
         self.seconds += other.seconds;

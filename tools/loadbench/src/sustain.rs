@@ -1,7 +1,6 @@
 //! The sustained run (`--sustain SECONDS`, RELIABILITY.md): the mix's
-//! maximum, then `percent` of it offered open-loop (client `c` of `n` sends
-//! its `k`-th request at `(k + c / n) · n / rate`, a latency from the
-//! scheduled time); then the floor's mix likewise through pgbench `--rate`.
+//! maximum, then `percent` of it open-loop (a latency from the scheduled
+//! time); then the floor's likewise through pgbench `--rate`.
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
@@ -19,13 +18,11 @@ use crate::scenario::{closed_loop, Keys, Workload};
 use crate::stats::Tally;
 use crate::{say, Plan};
 
-/// Clients of the sustained load: enough that the offered rate is met while
-/// a few answers are slow.
+/// Enough that the offered rate holds while a few answers are slow.
 pub const CONNECTIONS: usize = 64;
 const MAX_CONNECTIONS: usize = 32;
 
-/// One second of the run: 2xx answers, other statuses, requests without an
-/// answer, the service's VmRSS sampled in it.
+/// One second: 2xx, other statuses, no answer, the service's VmRSS.
 #[derive(Clone, Default)]
 pub struct Second {
     pub ok: u64,
@@ -45,10 +42,9 @@ pub struct Sustained {
     pub percent: u32,
     pub target_rps: f64,
     pub seconds: Vec<Second>,
-    /// Per minute (the last one may be shorter).
     pub minutes: Vec<Tally>,
     pub wal: Wal,
-    /// The floor's maximum, the rate it was offered, its minutes.
+    /// The floor's maximum, offered rate, minutes.
     pub floor: (f64, f64, Vec<Tally>),
 }
 
@@ -77,7 +73,7 @@ pub async fn run(
     let start = Instant::now() + Duration::from_millis(100);
     let end = start + length;
     let interval = Duration::from_secs_f64(CONNECTIONS as f64 / target_rps);
-    // `answered`: Some(success) for an answer, None for none.
+    // `answered`: Some(success), or None for no answer.
     let record = |scheduled: Instant, finished: Instant, answered: Option<bool>| {
         let index = finished.saturating_duration_since(start).as_secs() as usize;
         if let Some(second) = seconds.borrow_mut().get_mut(index) {
@@ -104,8 +100,7 @@ pub async fn run(
                     Ok(answer) => record(scheduled, answer.finished, Some(answer.is_success())),
                     Err(_) => {
                         record(scheduled, Instant::now(), None);
-                        // A new connection for the next request; if that
-                        // fails too, the run cannot go on.
+                        // A new connection; if that fails, the run ends.
                         http = Http::connect(api.addr).await?;
                     }
                 }
@@ -126,8 +121,7 @@ pub async fn run(
         }
         anyhow::Ok(())
     };
-    // Each sustained phase from a checkpoint (superuser only, as in the
-    // benchmark).
+    // From a checkpoint, as in the benchmark.
     let _ = db.admin.batch_execute("CHECKPOINT").await;
     let mark = db.wal_mark().await?;
     let (results, sampled) = tokio::join!(join_all(clients), sampler);
@@ -148,15 +142,14 @@ fn mb(bytes: u64) -> f64 {
     bytes as f64 / 1e6
 }
 
-/// Least-squares slope of `points` (x, y), in y per x; 0 without a spread.
+/// Least-squares slope; 0 without a spread.
 fn slope(points: &[(f64, f64)]) -> f64 {
     let (xs, ys): (Vec<f64>, Vec<f64>) = points.iter().copied().unzip();
     let slope = xs.iter().covariance(ys.iter()) / xs.iter().variance();
     Some(slope).filter(|slope| slope.is_finite()).unwrap_or(0.0)
 }
 
-/// A minute's p50, p99, p99.9 and maximum in ms, "—" for a minute without
-/// answers.
+/// p50, p99, p99.9 and maximum in ms, "—" without a minute.
 fn quantiles(minute: Option<&Tally>) -> [String; 4] {
     let ms = |value: Option<f64>| value.map_or("—".to_owned(), |v| format!("{v:.2}"));
     let [p50, p99, p999] = [0.5, 0.99, 0.999].map(|q| ms(minute.map(|m| m.percentile_ms(q))));
@@ -198,8 +191,7 @@ impl Sustained {
         let total: u64 = self.seconds.iter().map(Second::answers).sum();
         let bad: u64 = self.seconds.iter().map(|s| s.non_2xx + s.failed).sum();
         let achieved = total as f64 / length.max(1) as f64;
-        // Memory after the first minute (caches fill and pools open there):
-        // the fitted slope and the first and last minute's peaks.
+        // Memory after the first minute (caches fill, pools open): a slope.
         let settled: Vec<(f64, f64)> = (self.seconds.iter().enumerate().skip(60))
             .filter_map(|(second, s)| Some((second as f64 / 60.0, mb(s.rss?))))
             .collect();
