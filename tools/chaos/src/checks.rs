@@ -1,7 +1,5 @@
-//! The invariants (RELIABILITY.md), checked once everything settled from
-//! sources that do not depend on each other: the database (read directly,
-//! not through the service), psp-sim's ledger (what money moved), the
-//! receiver, and what the clients were told.
+//! The invariants (RELIABILITY.md), from independent sources: the database
+//! (read directly), psp-sim's ledger, the receiver, what clients were told.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -13,8 +11,7 @@ use tokio_postgres::Client as Db;
 use crate::receiver::Tally;
 use crate::workload::{Outage, Outcome, Seen};
 
-/// A charge or a refund row; ids as the API shows them. A refund has its
-/// charge's id and no refunded amounts; a charge has no charge id.
+/// A charge or a refund (with `charge_id`, no refunded amounts).
 #[derive(Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct Row {
@@ -25,7 +22,6 @@ pub struct Row {
     pub amount: i64,
     pub amount_refunded: i64,
     pub refunds_reserved: i64,
-    /// The processor's payment or refund id.
     pub processor_id: Option<String>,
     pub processor_attempts: i32,
 }
@@ -112,7 +108,6 @@ impl Ledger {
     }
 }
 
-/// One invariant's result: how many things it looked at, every offender.
 pub struct Verdict {
     pub name: &'static str,
     pub checked: usize,
@@ -187,7 +182,7 @@ fn one_row_per_operation(db: &Snapshot, told: &Seen) -> Verdict {
     verdict
 }
 
-/// psp-sim's key for a charge or refund id (`ch_<hex>` → `chargeonce-<hex>`).
+/// `ch_<hex>` → `chargeonce-<hex>`, `re_…` → `chargeonce-refund-…`.
 fn processor_key(id: &str) -> String {
     match id.split_once('_') {
         Some(("re", hex)) => format!("chargeonce-refund-{hex}"),
@@ -229,7 +224,6 @@ fn one_payment_per_operation(db: &Snapshot, ledger: &Ledger) -> Verdict {
                 _ => {}
             }
         }
-        // What is left has no row.
         for (key, entries) in &by_key {
             for entry in entries {
                 verdict.fail(format!(

@@ -1,9 +1,6 @@
-//! The faults run here, each counted: an instance's proxy to PostgreSQL
-//! cuts or stalls its connections (a partition: nothing moves) for
-//! 0.5–3 s; an instance is SIGKILLed every few seconds and started again.
-//! They hold `Counts::quiet` for reading while they last: a Citus worker's
-//! outage holds it for writing, so they pause meanwhile and what its
-//! merchants' neighbours see is the outage's doing alone.
+//! The faults, counted: proxy cuts and stalls, SIGKILLs. Each holds
+//! `Counts::quiet` to read; a Citus worker's outage holds it to write, so
+//! that what its neighbours see is the outage's doing alone.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -16,8 +13,7 @@ use tokio::sync::Mutex;
 use crate::stack::Instance;
 use crate::workload::{lock, Shared};
 
-/// How long after the other faults ended a worker stops: their
-/// after-effects (a query timing out after a stall) are then over.
+/// Before a worker stops: the other faults' after-effects are over.
 const QUIET: Duration = Duration::from_secs(4);
 
 #[derive(Debug, Default)]
@@ -45,8 +41,7 @@ pub async fn network(instances: Instances, counts: Arc<Counts>, until: Instant) 
             break;
         }
         let (index, stall) = (rand::thread_rng().gen_range(0..instances.len()), rand::random());
-        // An instance being restarted is left alone: it must reach
-        // PostgreSQL to become ready.
+        // Not one being restarted: it must reach PostgreSQL to be ready.
         let Ok(instance) = instances[index].try_lock() else {
             continue;
         };
@@ -65,8 +60,8 @@ pub async fn network(instances: Instances, counts: Arc<Counts>, until: Instant) 
     }
 }
 
-/// SIGKILL of a random instance every 2–5 s, started again after 0–1 s,
-/// until `until`. Returns the first error of a start that failed for good.
+/// SIGKILL of a random instance every 2–5 s, started again after 0–1 s;
+/// the error of a start that failed for good.
 pub async fn crashes(
     instances: Instances,
     counts: Arc<Counts>,
@@ -91,8 +86,7 @@ pub async fn crashes(
     Ok(())
 }
 
-/// Stops a Citus worker (immediate) for `down`, the other faults paused from
-/// [`QUIET`] before, the answers meanwhile counted (`Seen::outage`).
+/// A Citus worker stopped for `down`, other faults paused from [`QUIET`] before.
 pub async fn worker_outage(
     worker: &mut Server,
     counts: &Counts,

@@ -1,9 +1,7 @@
-//! The chaos run of chargeonce (RELIABILITY.md): three real instances,
-//! each behind a fault proxy to a private PostgreSQL (or Citus cluster),
-//! psp-sim with faults, a failing webhook receiver and concurrent
-//! customers, under cuts, stalls, SIGKILLs and a PostgreSQL restart; then
-//! the invariants. Exit status: 0 when every invariant holds, 1 on a
-//! violation (the offenders are named), 2 when the run could not be made.
+//! The chaos run of chargeonce (RELIABILITY.md): three instances behind fault
+//! proxies to a private PostgreSQL or Citus, psp-sim and a webhook receiver
+//! failing, customers; then the invariants. Exit status: 0 all hold, 1 a
+//! violation, 2 the run could not be made.
 
 mod checks;
 mod faults;
@@ -70,8 +68,7 @@ pub fn say(message: &str) {
 fn main() -> ExitCode {
     let args = Args::parse();
     START.get_or_init(Instant::now);
-    // Ctrl-C or SIGTERM (a CI timeout) end the run as its end does: the
-    // runtime is dropped, with the processes and servers its tasks hold.
+    // Ctrl-C or SIGTERM (a CI timeout): the runtime drops what it holds.
     let runtime = tokio::runtime::Runtime::new().context("a tokio runtime");
     let result = runtime.and_then(|runtime| {
         runtime.block_on(async {
@@ -93,7 +90,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// The whole run; `Ok(false)` when an invariant was violated.
 async fn run(args: Args) -> Result<bool> {
     let seed = args.seed.unwrap_or_else(rand::random);
     let default_out = || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/chaos");
@@ -151,7 +147,6 @@ async fn run(args: Args) -> Result<bool> {
     let counts = Arc::new(faults::Counts::default());
     let started = Instant::now();
     let until = started + Duration::from_secs(args.seconds);
-    // Each merchant has customers of its own.
     let clients = args.clients.max(merchants.len());
     say(&format!("{} s of faults with {clients} customers", args.seconds));
     let network = tokio::spawn(faults::network(instances.clone(), counts.clone(), until));
@@ -161,8 +156,7 @@ async fn run(args: Args) -> Result<bool> {
         customers.spawn(workload::customer(shared.clone(), customer % merchants.len(), until));
     }
 
-    // One PostgreSQL crash and restart (the coordinator's on Citus),
-    // half-way; then, on Citus, the first worker's outage.
+    // Half-way a PostgreSQL (coordinator) restart; on Citus a worker's outage.
     tokio::time::sleep_until((started + Duration::from_secs(args.seconds / 2)).into()).await;
     say("PostgreSQL: immediate restart");
     let pg_down = server.restart_immediate().await;
@@ -177,7 +171,6 @@ async fn run(args: Args) -> Result<bool> {
 
     network.await.context("the network fault task")?;
     crashes.await.context("the crash task")??;
-    // Every instance runs and forwards: the faults are over.
     for instance in instances.iter() {
         let instance = instance.lock().await;
         if instance.process.is_none() {
@@ -196,7 +189,7 @@ async fn run(args: Args) -> Result<bool> {
     say(&format!("resuming {unfinished} operations without a final answer, with their keys"));
     shared.resume_unfinished(calm + bound).await;
 
-    // A new connection: the first one ended with the restart.
+    // A new connection: the first ended with the restart.
     let (settled, snapshot) = settle(&connect(&direct_url).await?, &receiver, calm, bound).await?;
     let settle_time = calm.elapsed();
     let ledger = Ledger::read(&psp.url).await?;
@@ -313,8 +306,7 @@ async fn connect(url: &str) -> Result<tokio_postgres::Client> {
     Ok(client)
 }
 
-/// Waits until nothing is pending and every event was acknowledged, or
-/// until `bound` after `calm`.
+/// Until nothing is pending and every event acknowledged, or `bound` passed.
 async fn settle(
     db: &tokio_postgres::Client,
     receiver: &receiver::Receiver,

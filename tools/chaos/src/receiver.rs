@@ -1,7 +1,5 @@
-//! The webhook receiver: hyper's HTTP/1.1 server, which can drop a
-//! connection without answering. While faults are on it answers a share of
-//! deliveries 500 or drops them; afterwards it accepts everything. It
-//! records each `webhook-id` that arrived and each it acknowledged (2xx).
+//! The webhook receiver (hyper's server can drop a connection unanswered):
+//! while faults run it fails a share of deliveries; it counts each `webhook-id`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,7 +38,6 @@ struct State {
     tally: Mutex<Tally>,
 }
 
-/// The receiver; it accepts until the run's runtime ends.
 pub struct Receiver {
     pub url: String,
     state: Arc<State>,
@@ -87,8 +84,7 @@ impl Receiver {
     }
 }
 
-/// Answers a delivery: 204, or while failing at random 500 or an error,
-/// which makes hyper close the connection without an answer.
+/// 204, or while failing at random 500 or an error (hyper drops the connection).
 async fn handle(
     state: &State,
     request: Request<Incoming>,

@@ -1,7 +1,5 @@
-//! What the run starts: the real `chargeonce` binary as three service
-//! instances, each reaching PostgreSQL through a fault proxy of its own,
-//! and as `psp-sim` with its faults on. Every process is a child of this
-//! one, killed when its [`Spawned`] is dropped.
+//! The processes: `chargeonce` as service instances, each through its own
+//! fault proxy, and as `psp-sim`; each killed when its [`Spawned`] drops.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,17 +8,14 @@ use std::time::Duration;
 use anyhow::{bail, Context as _, Result};
 use chargeonce_testkit::{Chargeonce, Proxy, Server, SpawnOptions, Spawned};
 
-/// psp-sim's fault rates: together 22 % of processor calls.
+/// psp-sim's fault rates: 22 % of calls.
 pub const PSP_ERROR_RATE: f64 = 0.10;
 pub const PSP_LOST_RESPONSE_RATE: f64 = 0.06;
 pub const PSP_TIMEOUT_RATE: f64 = 0.06;
-/// How long a "timeout" answer hangs: past `processor.timeout_ms`.
+/// Past `processor.timeout_ms`.
 pub const PSP_HANG_MS: u64 = 3000;
 
-/// The service's settings for the run (environment variables), chosen so
-/// that whatever a fault leaves pending settles within seconds: short
-/// processor timeouts and lease, a fast recovery worker, webhook retries
-/// every few hundred milliseconds instead of minutes.
+/// Settings so that whatever a fault leaves pending settles within seconds.
 pub const SERVICE_SETTINGS: &[(&str, &str)] = &[
     ("CHARGEONCE__PROCESSOR__KIND", "http"),
     ("CHARGEONCE__PROCESSOR__TIMEOUT_MS", "1000"),
@@ -37,7 +32,6 @@ pub const SERVICE_SETTINGS: &[(&str, &str)] = &[
     ("CHARGEONCE__DEMO__ENABLED", "false"),
 ];
 
-/// Starts a process, waiting for `ready`; a failed start is an error.
 pub async fn spawn(command: Command, ready: &'static str, log: PathBuf) -> Result<Spawned> {
     let options = SpawnOptions { log_file: Some(log), poll: Duration::from_millis(20) };
     let spawned = Spawned::try_start_with(command, ready, options).await;
@@ -58,9 +52,8 @@ const WORKER_OF: &str = "SELECT n.nodeport FROM merchants m \
     JOIN pg_dist_placement p ON p.shardid = get_shard_id_for_distribution_column('charges', m.id) \
     JOIN pg_dist_node n ON n.groupid = p.groupid WHERE m.name = $1";
 
-/// The merchants, each one's secret and whether its shards are on the
-/// first worker (the one stopped): one merchant, or on Citus new ones
-/// until each worker has two (a merchant's shard follows from its id).
+/// Each merchant's secret and whether its shards are on the worker that
+/// stops: one, or on Citus until each worker has two.
 pub async fn create_merchants(
     binary: &Chargeonce,
     db: &tokio_postgres::Client,
@@ -87,8 +80,7 @@ pub async fn create_merchants(
     Ok(merchants)
 }
 
-/// One service instance: its HTTP port (kept across restarts), its proxy to
-/// PostgreSQL, the process while it runs.
+/// One service instance; its port is kept across restarts.
 pub struct Instance {
     pub index: usize,
     pub port: u16,
@@ -134,8 +126,7 @@ impl Instance {
         command
     }
 
-    /// Starts the process, up to `tries` times (a start can fail while
-    /// PostgreSQL restarts); how many starts failed.
+    /// Up to `tries` starts (PostgreSQL may be restarting); how many failed.
     pub async fn start(&mut self, tries: usize) -> Result<usize> {
         let log = self.dir.join(format!("instance-{}.log", self.index));
         let mut failed = 0;
