@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, ensure, Context as _, Result};
 use chargeonce_testkit::{Chargeonce, Citus, Proxy, Server, TestDatabase};
 use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
@@ -264,31 +264,23 @@ async fn run(args: Args) -> Result<bool> {
         )?;
     }
     writeln!(report, "\n| invariant | checked | result |\n|---|---|---|")?;
-    let mut offenders = String::new();
     for verdict in &verdicts {
-        let result = match verdict.violations.len() {
-            0 => "ok".to_owned(),
-            count => format!("VIOLATED ({count})"),
-        };
+        let count = verdict.violations.len();
+        let result = if count == 0 { "ok".to_owned() } else { format!("VIOLATED ({count})") };
         writeln!(report, "| {} | {} | {result} |", verdict.name, verdict.checked)?;
     }
+    let mut offenders = String::new();
     for verdict in verdicts.iter().filter(|v| !v.violations.is_empty()) {
-        writeln!(offenders, "\n{}:", verdict.name)?;
-        for (shown, violation) in verdict.violations.iter().enumerate() {
-            if shown < SHOWN {
-                writeln!(report, "- {}: {violation}", verdict.name)?;
-            }
-            writeln!(offenders, "  {violation}")?;
+        writeln!(offenders, "\n{}:\n  {}", verdict.name, verdict.violations.join("\n  "))?;
+        for violation in verdict.violations.iter().take(SHOWN) {
+            writeln!(report, "- {}: {violation}", verdict.name)?;
         }
     }
     println!("{report}");
     std::fs::write(out.join("report.md"), format!("{report}{offenders}"))?;
     let ok = verdicts.iter().all(|verdict| verdict.violations.is_empty());
-    say(&format!(
-        "{}; report in {}",
-        if ok { "every invariant holds" } else { "INVARIANTS VIOLATED" },
-        out.join("report.md").display()
-    ));
+    let verdict = if ok { "every invariant holds" } else { "INVARIANTS VIOLATED" };
+    say(&format!("{verdict}; report in {}", out.join("report.md").display()));
     Ok(ok)
 }
 
@@ -336,11 +328,7 @@ async fn create_endpoint(base: &str, secret: &str, url: &str) -> Result<()> {
         .await
         .context("creating the webhook endpoint")?;
     let status = response.status();
-    if !status.is_success() {
-        bail!(
-            "creating the webhook endpoint: {status} {}",
-            response.text().await.unwrap_or_default()
-        );
-    }
+    let body = response.text().await.unwrap_or_default();
+    ensure!(status.is_success(), "creating the webhook endpoint: {status} {body}");
     Ok(())
 }
