@@ -133,6 +133,7 @@ impl Report {
     }
 
     pub fn targets(&self) -> Vec<Target> {
+        let (at, not_measured) = (TARGET_CONNECTIONS, || "not measured".to_owned());
         let mut targets = Vec::new();
         for (scenario, connections, min) in [
             ("new", 32, NEW_MIN_OF_FLOOR),
@@ -145,60 +146,44 @@ impl Report {
             let ratio = row.and_then(|row| ratio(&row.sample, row.floor.as_ref()));
             let measured = row.filter(|_| ratio.is_some()).map(Row::floor_ratio_text);
             let name = format!("{scenario} ≥ {min:.1} × floor at {connections}");
-            let measured = measured.unwrap_or_else(|| "not measured".to_owned());
+            let measured = measured.unwrap_or_else(not_measured);
             targets.push(Target::on_number(name, measured, ratio, Bound::AtLeast(min)));
         }
 
-        let new_32 = self.row("new", TARGET_CONNECTIONS);
-        let wal = new_32.and_then(wal_ratio);
-        let name = format!(
-            "WAL per new charge ≤ {WAL_NEW_MAX_OF_FLOOR:.1} × floor at {TARGET_CONNECTIONS}"
-        );
-        targets.push(Target::on_number(
-            name,
-            number(wal, 2),
-            wal,
-            Bound::AtMost(WAL_NEW_MAX_OF_FLOOR),
-        ));
+        let (new_32, max) = (self.row("new", at), WAL_NEW_MAX_OF_FLOOR);
+        let (wal, name) =
+            (new_32.and_then(wal_ratio), format!("WAL per new charge ≤ {max:.1} × floor at {at}"));
+        targets.push(Target::on_number(name, number(wal, 2), wal, Bound::AtMost(max)));
 
         // The floor's p99: what this machine can do at all.
         let p99 = new_32.map(|row| row.sample.tally.percentile_ms(0.99));
         let floor_p99 = new_32.and_then(|row| row.floor.as_ref()).map(PgbenchRun::p99_ms);
-        let measured = p99.map_or("not measured".to_owned(), |p| match floor_p99 {
+        let measured = p99.map_or_else(not_measured, |p| match floor_p99 {
             Some(floor) => format!("{p:.2} ms (floor: {floor:.2} ms)"),
             None => format!("{p:.2} ms"),
         });
-        let name = format!("p99 of new at {TARGET_CONNECTIONS} ≤ {P99_NEW_MAX_MS:.0} ms");
+        let name = format!("p99 of new at {at} ≤ {P99_NEW_MAX_MS:.0} ms");
         targets.push(Target::on_number(name, measured, p99, Bound::AtMost(P99_NEW_MAX_MS)));
 
         // The floor's count tells a stall of the machine from one of ours.
-        let at_32 = || self.rows.iter().filter(|r| r.connections == TARGET_CONNECTIONS);
+        let at_32 = || self.rows.iter().filter(|r| r.connections == at && r.floor.is_some());
         let slow: Vec<String> = (at_32())
             .filter_map(|row| Some((row, row.floor.as_ref()?.latencies.slow)))
             .map(|(row, floor)| {
                 format!("{} {} (floor: {floor})", row.scenario, row.sample.tally.slow)
             })
             .collect();
-        let measured = if slow.is_empty() { "not measured".to_owned() } else { slow.join(", ") };
-        let name = format!(
-            "no request over {} ms in any scenario at {TARGET_CONNECTIONS}",
-            SLOW.as_millis()
-        );
-        let met = (!slow.is_empty()).then(|| {
-            at_32().filter(|row| row.floor.is_some()).all(|row| row.sample.tally.slow == 0)
-        });
+        let name = format!("no request over {} ms in any scenario at {at}", SLOW.as_millis());
+        let met = (!slow.is_empty()).then(|| at_32().all(|row| row.sample.tally.slow == 0));
+        let measured = if slow.is_empty() { not_measured() } else { slow.join(", ") };
         targets.push(Target { name, measured, met, number: None });
 
         let failures: u64 = self.rows.iter().map(|row| row.sample.tally.non_2xx()).sum();
         let (name, measured) = ("zero non-2xx answers".to_owned(), failures.to_string());
         targets.push(Target { name, measured, met: Some(failures == 0), number: None });
         let (rss, name) = (mb(self.peak_rss), format!("peak RSS ≤ {PEAK_RSS_MAX_MB:.0} MB"));
-        targets.push(Target::on_number(
-            name,
-            format!("{rss:.1} MB"),
-            Some(rss),
-            Bound::AtMost(PEAK_RSS_MAX_MB),
-        ));
+        let bound = Bound::AtMost(PEAK_RSS_MAX_MB);
+        targets.push(Target::on_number(name, format!("{rss:.1} MB"), Some(rss), bound));
         targets
     }
 
