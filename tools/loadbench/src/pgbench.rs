@@ -117,12 +117,8 @@ impl Pgbench {
         let output = output.context("cannot run pgbench (apt-get install postgresql-client)")?;
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
         let (status, stderr) = (output.status, String::from_utf8_lossy(&output.stderr));
-        ensure!(
-            status.success(),
-            "pgbench failed ({status}): {}\n{}",
-            stderr.trim(),
-            stdout.trim()
-        );
+        let (err, out) = (stderr.trim(), stdout.trim());
+        ensure!(status.success(), "pgbench failed ({status}): {err}\n{out}");
         Ok(stdout)
     }
 
@@ -134,9 +130,8 @@ impl Pgbench {
         plan: &Plan,
     ) -> Result<PgbenchRun> {
         let run = format!("{}-{clients}-{}", workload.name(), plan.round);
-        let mut args =
-            [vec![format!("-c{clients}"), format!("-j{THREADS}")], set.args(workload, &run)]
-                .concat();
+        let mut args = set.args(workload, &run);
+        args.extend([format!("-c{clients}"), format!("-j{THREADS}")]);
         // -T takes whole seconds.
         let seconds = |duration: Duration| format!("-T{}", duration.as_secs().max(1));
         let mut wal = Wal::default();
@@ -162,11 +157,9 @@ impl Pgbench {
         length: Duration,
     ) -> Result<Vec<Tally>> {
         let (seconds, rate) = (length.as_secs().max(1), format!("--rate={rate:.0}"));
-        let mut args =
-            vec![format!("-c{clients}"), format!("-j{THREADS}"), rate, format!("-T{seconds}")];
-        args.extend(
-            self.log_args(set, "sustain")?.into_iter().chain(set.args(workload, "sustain")),
-        );
+        let mut args = set.args(workload, "sustain");
+        args.extend([format!("-c{clients}"), format!("-j{THREADS}"), rate, format!("-T{seconds}")]);
+        args.extend(self.log_args(set, "sustain")?);
         let start = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH)?;
         self.pgbench(&args).await?;
         logged_latencies(&self.log_dir, Some((start.as_secs(), length.as_secs())))
