@@ -137,14 +137,11 @@ impl Shared {
         self.count(&answer, operation.merchant, began);
         let (key, bad) =
             (operation.key.as_str(), |answer| lock(&self.seen).bad_answers.push(answer));
+        let failed = |id| Some(Outcome::Final { id, status: "failed" });
         match (result, status.flatten()) {
             (Ok(id), _) => Some(Outcome::Final { id, status: "succeeded" }),
-            (Err(Error::Declined { charge, .. }), _) => {
-                Some(Outcome::Final { id: charge.id, status: "failed" })
-            }
-            (Err(Error::RefundDeclined { refund, .. }), _) => {
-                Some(Outcome::Final { id: refund.id, status: "failed" })
-            }
+            (Err(Error::Declined { charge, .. }), _) => failed(charge.id),
+            (Err(Error::RefundDeclined { refund, .. }), _) => failed(refund.id),
             (Err(Error::RefundExceedsCharge { .. }), _) => {
                 Some(Outcome::Refused("refund_exceeds_charge".to_owned()))
             }
