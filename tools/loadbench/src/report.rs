@@ -26,6 +26,8 @@ pub struct Row {
     pub floor_ratio_by_round: Vec<f64>,
 }
 
+pub type Round = (Sample, PgbenchRun, PgbenchRun);
+
 pub fn ratio(sample: &Sample, yardstick: Option<&PgbenchRun>) -> Option<f64> {
     yardstick.filter(|run| run.tps > 0.0).map(|run| sample.rps() / run.tps)
 }
@@ -41,11 +43,8 @@ impl Row {
         Row { scenario, connections, sample, own: None, floor: None, floor_ratio_by_round }
     }
 
-    pub fn from_rounds(
-        scenario: String,
-        connections: usize,
-        rounds: Vec<(Sample, PgbenchRun, PgbenchRun)>,
-    ) -> Result<Self> {
+    /// Each round: the service, own SQL, the floor.
+    pub fn from_rounds(scenario: String, connections: usize, rounds: Vec<Round>) -> Result<Self> {
         let floor_ratio_by_round =
             rounds.iter().filter_map(|(s, _, f)| ratio(s, Some(f))).collect();
         let mut rounds = rounds.into_iter();
@@ -390,11 +389,6 @@ mod tests {
         // No floor run: no ratio, whatever the rounds.
         assert_eq!(row(&[0.9, 1.0]).floor_ratio_text(), "—");
     }
-}
-
-#[cfg(test)]
-mod runs_tests {
-    use super::*;
 
     fn target(value: f64, bound: Bound) -> Target {
         let met = Some(bound.keeps(value));

@@ -178,10 +178,10 @@ impl Sustained {
             let seconds = &self.seconds[minute * 60..((minute + 1) * 60).min(length)];
             let sum = |field: fn(&Second) -> u64| seconds.iter().map(field).sum::<u64>();
             let (low, high) = rss_mb(seconds);
-            let [p50, p99, p999, max] = quantiles(Some(latencies));
+            let quantiles = quantiles(Some(latencies)).join(" | ");
             let _ = writeln!(
                 text,
-                "| {} | {:.0} | {} | {} | {p50} | {p99} | {p999} | {max} | {low:.1} | {high:.1} |",
+                "| {} | {:.0} | {} | {} | {quantiles} | {low:.1} | {high:.1} |",
                 minute + 1,
                 sum(Second::answers) as f64 / seconds.len().max(1) as f64,
                 sum(|s| s.non_2xx),
