@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
+use futures_util::future::try_join_all;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -47,11 +48,7 @@ impl Http {
     }
 
     pub async fn connect_many(addr: SocketAddr, count: usize) -> Result<Vec<Self>> {
-        let mut connections = Vec::with_capacity(count);
-        for _ in 0..count {
-            connections.push(Self::connect(addr).await?);
-        }
-        Ok(connections)
+        try_join_all((0..count).map(|_| Self::connect(addr))).await
     }
 
     pub async fn send(&mut self, request: &[u8]) -> Result<Answer> {
