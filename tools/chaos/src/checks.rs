@@ -5,7 +5,6 @@ use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{Context as _, Result};
 use serde::Deserialize;
-use serde_json::Value;
 use tokio_postgres::Client as Db;
 
 use crate::receiver::Tally;
@@ -85,8 +84,26 @@ impl Snapshot {
 
 /// psp-sim's ledger: `GET /v1/payments` and `GET /v1/refunds`.
 pub struct Ledger {
-    pub payments: Vec<Value>,
-    pub refunds: Vec<Value>,
+    pub payments: Vec<Entry>,
+    pub refunds: Vec<Entry>,
+}
+
+/// A payment or a refund (with `payment_id`) as psp-sim lists it.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+pub struct Entry {
+    pub id: String,
+    pub status: String,
+    pub amount: i64,
+    pub idempotency_key: String,
+    pub payment_id: Option<String>,
+    /// Requests received for its key, faults included.
+    pub requests: u64,
+}
+
+#[derive(Deserialize)]
+struct List {
+    data: Vec<Entry>,
 }
 
 impl Ledger {
@@ -94,17 +111,14 @@ impl Ledger {
         let http = &reqwest::Client::new();
         let list = |what| async move {
             let get = http.get(format!("{psp_url}/v1/{what}")).send().await;
-            let list: Value = get?.error_for_status()?.json().await?;
-            reqwest::Result::Ok(list["data"].as_array().cloned().unwrap_or_default())
+            reqwest::Result::Ok(get?.error_for_status()?.json::<List>().await?.data)
         };
         let payments = list("payments").await.context("reading psp-sim's payments")?;
         Ok(Self { payments, refunds: list("refunds").await.context("reading psp-sim's refunds")? })
     }
 
-    /// Requests psp-sim received, faults included.
     pub fn requests(&self) -> u64 {
-        let entries = self.payments.iter().chain(&self.refunds);
-        entries.filter_map(|entry| entry["requests"].as_u64()).sum()
+        self.payments.iter().chain(&self.refunds).map(|entry| entry.requests).sum()
     }
 }
 
@@ -122,10 +136,6 @@ impl Verdict {
     fn fail(&mut self, violation: String) {
         self.violations.push(violation);
     }
-}
-
-fn text(value: &Value, field: &str) -> String {
-    value[field].as_str().unwrap_or_default().to_owned()
 }
 
 /// Every invariant, in the order of RELIABILITY.md.
@@ -198,39 +208,34 @@ fn one_payment_per_operation(db: &Snapshot, ledger: &Ledger) -> Verdict {
     for (what, rows, book) in
         [("charge", &db.charges, &ledger.payments), ("refund", &db.refunds, &ledger.refunds)]
     {
-        let mut by_key: HashMap<String, Vec<&Value>> = HashMap::new();
+        let mut by_key: HashMap<&str, Vec<&Entry>> = HashMap::new();
         for entry in book {
-            by_key.entry(text(entry, "idempotency_key")).or_default().push(entry);
+            by_key.entry(&entry.idempotency_key).or_default().push(entry);
         }
         for Row { id, status, processor_id, .. } in rows.iter() {
             verdict.checked += 1;
-            let entries = by_key.remove(&processor_key(id)).unwrap_or_default();
+            let entries = by_key.remove(processor_key(id).as_str()).unwrap_or_default();
             if entries.len() > 1 {
                 verdict.fail(format!("{what} {id}: {} processor entries", entries.len()));
             }
-            let moved = entries.iter().find(|e| text(e, "status") == "succeeded");
+            let moved = entries.iter().find(|e| e.status == "succeeded");
             match (status.as_str(), moved) {
-                ("succeeded", Some(entry)) if Some(text(entry, "id")) == *processor_id => {}
-                ("succeeded", Some(entry)) => verdict.fail(format!(
-                    "{what} {id}: succeeded with {processor_id:?}, the processor has {}",
-                    text(entry, "id")
+                ("succeeded", Some(entry)) if Some(&entry.id) == processor_id.as_ref() => {}
+                ("succeeded", Some(Entry { id: made, .. })) => verdict.fail(format!(
+                    "{what} {id}: succeeded with {processor_id:?}, the processor has {made}"
                 )),
                 ("succeeded", None) => verdict
                     .fail(format!("{what} {id}: succeeded, the processor has no such {what}")),
-                ("failed", Some(entry)) => verdict.fail(format!(
-                    "{what} {id}: failed, yet the processor made {}",
-                    text(entry, "id")
-                )),
+                ("failed", Some(Entry { id: made, .. })) => {
+                    verdict.fail(format!("{what} {id}: failed, yet the processor made {made}"))
+                }
                 _ => {}
             }
         }
         for (key, entries) in &by_key {
-            for entry in entries {
-                verdict.fail(format!(
-                    "processor {what} {} (key {key}, {}) has no {what} row",
-                    text(entry, "id"),
-                    text(entry, "status")
-                ));
+            for Entry { id, status, .. } in entries {
+                verdict
+                    .fail(format!("processor {what} {id} (key {key}, {status}) has no {what} row"));
             }
         }
     }
@@ -286,21 +291,15 @@ fn no_over_refund(db: &Snapshot, ledger: &Ledger) -> Verdict {
             ));
         }
     }
-    let mut at_processor: HashMap<String, i64> = HashMap::new();
-    for refund in &ledger.refunds {
-        if text(refund, "status") == "succeeded" {
-            *at_processor.entry(text(refund, "payment_id")).or_default() +=
-                refund["amount"].as_i64().unwrap_or_default();
-        }
+    let mut at_processor: HashMap<&str, i64> = HashMap::new();
+    for refund in ledger.refunds.iter().filter(|refund| refund.status == "succeeded") {
+        *at_processor.entry(refund.payment_id.as_deref().unwrap_or_default()).or_default() +=
+            refund.amount;
     }
-    for payment in &ledger.payments {
-        let refunded = at_processor.get(&text(payment, "id")).copied().unwrap_or(0);
-        if refunded > payment["amount"].as_i64().unwrap_or_default() {
-            verdict.fail(format!(
-                "processor payment {}: {refunded} refunded of {}",
-                text(payment, "id"),
-                payment["amount"]
-            ));
+    for Entry { id, amount, .. } in &ledger.payments {
+        let refunded = at_processor.get(id.as_str()).copied().unwrap_or(0);
+        if refunded > *amount {
+            verdict.fail(format!("processor payment {id}: {refunded} refunded of {amount}"));
         }
     }
     verdict
@@ -427,6 +426,10 @@ mod tests {
         }
     }
 
+    fn entry(value: serde_json::Value) -> Entry {
+        serde_json::from_value(value).unwrap()
+    }
+
     /// One succeeded charge of 1000 with a succeeded refund of 400, its
     /// events, its payment and refund at the processor, all received.
     fn world() -> World {
@@ -444,14 +447,14 @@ mod tests {
         }))
         .unwrap();
         let ledger = Ledger {
-            payments: vec![json!({
+            payments: vec![entry(json!({
                 "id": "pay_1", "status": "succeeded", "amount": 1000,
                 "idempotency_key": "chargeonce-0000000000000000000000000000000a",
-            })],
-            refunds: vec![json!({
+            }))],
+            refunds: vec![entry(json!({
                 "id": "rf_1", "status": "succeeded", "amount": 400, "payment_id": "pay_1",
                 "idempotency_key": "chargeonce-refund-0000000000000000000000000000000b",
-            })],
+            }))],
         };
         let acknowledged = ["evt_1", "evt_2", "evt_3"].map(|id| (id.to_owned(), 1)).into();
         let records = [("k-charge", "charge", CHARGE), ("k-refund", "refund", REFUND)]
@@ -475,10 +478,10 @@ mod tests {
     #[test]
     fn a_payment_without_its_charge_is_a_violation() {
         let mut world = world();
-        world.ledger.payments.push(json!({
+        world.ledger.payments.push(entry(json!({
             "id": "pay_2", "status": "succeeded", "amount": 1000,
             "idempotency_key": "chargeonce-0000000000000000000000000000000c",
-        }));
+        })));
         assert_eq!(
             world.violated(),
             ["at most one processor payment per operation, none without its row"]
