@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Result;
 use chargeonce_testkit::{ProxyMode, Server};
 use rand::Rng;
 use tokio::sync::Mutex;
@@ -62,11 +63,7 @@ pub async fn network(instances: Instances, counts: Arc<Counts>, until: Instant) 
 
 /// SIGKILL of a random instance every 2–5 s, started again after 0–1 s;
 /// the error of a start that failed for good.
-pub async fn crashes(
-    instances: Instances,
-    counts: Arc<Counts>,
-    until: Instant,
-) -> anyhow::Result<()> {
+pub async fn crashes(instances: Instances, counts: Arc<Counts>, until: Instant) -> Result<()> {
     while Instant::now() < until {
         tokio::time::sleep(pause(2000, 5000)).await;
         let _fault = counts.quiet.read().await;

@@ -22,8 +22,10 @@ use chargeonce_testkit::{Chargeonce, Citus, Proxy, Server, TestDatabase};
 use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Mutex;
+use tokio_postgres::Client;
 
 use crate::checks::{Ledger, Snapshot};
+use crate::receiver::Receiver;
 use crate::stack::Instance;
 use crate::workload::{lock, Shared};
 
@@ -126,7 +128,7 @@ async fn run(args: Args) -> Result<bool> {
     }
 
     let psp = stack::start_psp_sim(&binary, &out, seed).await?;
-    let receiver = receiver::Receiver::start(seed).await?;
+    let receiver = Receiver::start(seed).await?;
     let mut instances = Vec::new();
     for index in 0..INSTANCES {
         let listen = "127.0.0.1:0".parse().context("an address")?;
@@ -190,7 +192,7 @@ async fn run(args: Args) -> Result<bool> {
     shared.resume_unfinished(calm + bound).await;
 
     // A new connection: the first ended with the restart.
-    let (settled, snapshot) = settle(&connect(&direct_url).await?, &receiver, calm, bound).await?;
+    let (settled, snapshot) = settle(&connect(&direct_url).await?, &receiver, calm + bound).await?;
     let settle_time = calm.elapsed();
     let ledger = Ledger::read(&psp.url).await?;
 
@@ -290,7 +292,7 @@ fn describe<T: std::fmt::Display>(counts: &BTreeMap<String, T>) -> String {
     Some(counts.join(", ")).filter(|text| !text.is_empty()).unwrap_or_else(|| "none".to_owned())
 }
 
-async fn connect(url: &str) -> Result<tokio_postgres::Client> {
+async fn connect(url: &str) -> Result<Client> {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .context("connecting to the run's PostgreSQL")?;
@@ -298,20 +300,15 @@ async fn connect(url: &str) -> Result<tokio_postgres::Client> {
     Ok(client)
 }
 
-/// Until nothing is pending and every event acknowledged, or `bound` passed.
-async fn settle(
-    db: &tokio_postgres::Client,
-    receiver: &receiver::Receiver,
-    calm: Instant,
-    bound: Duration,
-) -> Result<(bool, Snapshot)> {
+/// Until nothing is pending and every event acknowledged, or `deadline`.
+async fn settle(db: &Client, receiver: &Receiver, deadline: Instant) -> Result<(bool, Snapshot)> {
     loop {
         let snapshot = Snapshot::read(db).await?;
         let received = |id: &String| receiver.tally().acknowledged.contains_key(id);
         let settled = snapshot.pending() == 0
             && snapshot.undelivered.is_empty()
             && snapshot.events.iter().all(|event| received(&event.id));
-        if settled || calm.elapsed() > bound {
+        if settled || Instant::now() > deadline {
             return Ok((settled, snapshot));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;

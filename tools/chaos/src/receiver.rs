@@ -2,6 +2,7 @@
 //! while faults run it fails a share of deliveries; it counts each `webhook-id`.
 
 use std::collections::HashMap;
+use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -85,13 +86,10 @@ impl Receiver {
 }
 
 /// 204, or while failing at random 500 or an error (hyper drops the connection).
-async fn handle(
-    state: &State,
-    request: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, std::io::Error> {
+async fn handle(state: &State, request: Request<Incoming>) -> io::Result<Response<Full<Bytes>>> {
     let id = request.headers().get("webhook-id").and_then(|v| v.to_str().ok());
     let id = id.unwrap_or_default().to_owned();
-    let body = request.into_body().collect().await.map_err(std::io::Error::other)?.to_bytes();
+    let body = request.into_body().collect().await.map_err(io::Error::other)?.to_bytes();
     let roll: f64 = if state.failing.load(Ordering::SeqCst) { lock(&state.rng).gen() } else { 1.0 };
     let mut tally = lock(&state.tally);
     tally.arrived += 1;
@@ -105,7 +103,7 @@ async fn handle(
         *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
     } else if roll < FAIL_RATE + DROP_RATE {
         tally.dropped += 1;
-        return Err(std::io::Error::other("dropped on purpose"));
+        return Err(io::Error::other("dropped on purpose"));
     } else {
         *tally.acknowledged.entry(id).or_default() += 1;
         *response.status_mut() = StatusCode::NO_CONTENT;
