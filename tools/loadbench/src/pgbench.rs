@@ -23,7 +23,7 @@ pub struct ScriptSet {
     pub label: &'static str,
     new: PathBuf,
     replay: PathBuf,
-    variables: Vec<(String, String)>,
+    variables: Vec<(&'static str, String)>,
 }
 
 impl ScriptSet {
@@ -39,7 +39,7 @@ impl ScriptSet {
             ]
             .concat(),
         };
-        let run = ("run".to_owned(), run.to_owned());
+        let run = ("run", run.to_owned());
         let variables = self.variables.iter().chain((!self.variables.is_empty()).then_some(&run));
         let variables =
             variables.flat_map(|(name, value)| ["-D".to_owned(), format!("{name}={value}")]);
@@ -81,7 +81,7 @@ pub struct Pgbench {
 impl Pgbench {
     pub fn write_scripts(
         url: String,
-        variables: Vec<(String, String)>,
+        variables: Vec<(&'static str, String)>,
         plan: &Plan,
         out_dir: &Path,
     ) -> Result<Self> {

@@ -140,32 +140,24 @@ pub fn own_sql_replay(pool_size: usize) -> Result<String> {
 
 /// The own-SQL scripts' `-D` variables but `run`; parameters, as the
 /// service's values are.
-pub async fn service_variables(db: &Client) -> Result<Vec<(String, String)>> {
-    let row = db
-        .query_one(
-            "SELECT c.merchant_id::text, '\\x' || encode(c.request_fingerprint, 'hex'), \
-                    e.data::text \
-               FROM charges c JOIN events e ON e.charge_id = c.id \
-              ORDER BY c.id LIMIT 1",
-            &[],
-        )
-        .await
-        .context("reading the merchant, fingerprint and event payload of a charge")?;
-    let (merchant_id, fingerprint, payload): (String, String, String) =
-        (row.get(0), row.get(1), row.get(2));
-    let variables = [
-        ("merchant_id", merchant_id.as_str()),
-        ("fingerprint", fingerprint.as_str()),
-        ("payload", payload.as_str()),
+pub async fn service_variables(db: &Client) -> Result<Vec<(&'static str, String)>> {
+    let sql = "SELECT c.merchant_id::text, '\\x' || encode(c.request_fingerprint, 'hex'), \
+                      e.data::text FROM charges c JOIN events e ON e.charge_id = c.id \
+                ORDER BY c.id LIMIT 1";
+    let row = db.query_one(sql, &[]).await;
+    let row = row.context("reading the merchant, fingerprint and event payload of a charge")?;
+    Ok(vec![
+        ("merchant_id", row.get(0)),
+        ("fingerprint", row.get(1)),
+        ("payload", row.get(2)),
         // The benchmark's body, {"amount":1000,"currency":"USD"}.
-        ("amount", "1000"),
-        ("currency", "USD"),
-        ("metadata", "{}"),
+        ("amount", "1000".to_owned()),
+        ("currency", "USD".to_owned()),
+        ("metadata", "{}".to_owned()),
         // The default idempotency.lease_ms (any costs the same).
-        ("lease_ms", "30000"),
-        ("status", Status::Succeeded.as_str()),
-    ];
-    Ok(variables.map(|(name, value)| (name.to_owned(), value.to_owned())).to_vec())
+        ("lease_ms", "30000".to_owned()),
+        ("status", Status::Succeeded.as_str().to_owned()),
+    ])
 }
 
 /// The floor's table: what a charge needs, nothing more.
