@@ -1,17 +1,127 @@
-//! The invariants, checked once faults stopped and everything settled,
-//! from three sources that do not depend on each other: the database and
-//! psp-sim's ledger (`snapshot`), and the receiver (what webhooks arrived);
-//! plus what the clients were told.
+//! The invariants (RELIABILITY.md), from independent sources: the database
+//! (read directly), psp-sim's ledger, the receiver, what clients were told.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
-use serde_json::Value;
+use anyhow::{Context as _, Result};
+use serde::Deserialize;
+use tokio_postgres::Client as Db;
 
-use crate::snapshot::{ChargeRow, Ledger, RefundRow, Snapshot};
-use crate::workload::{Kind, Outage, Outcome, Record};
+use crate::receiver::Tally;
+use crate::workload::{Outage, Outcome, Seen};
 
-/// One invariant's result: how many things it looked at, and every
-/// offender.
+/// A charge or a refund (with `charge_id`, no refunded amounts).
+#[derive(Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct Row {
+    pub id: String,
+    pub charge_id: Option<String>,
+    pub key: Option<String>,
+    pub status: String,
+    pub amount: i64,
+    pub amount_refunded: i64,
+    pub refunds_reserved: i64,
+    pub processor_id: Option<String>,
+    pub processor_attempts: i32,
+}
+
+#[derive(Deserialize)]
+pub struct EventRow {
+    pub id: String,
+    pub kind: String,
+    pub object: String,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+pub struct Snapshot {
+    pub charges: Vec<Row>,
+    pub refunds: Vec<Row>,
+    pub events: Vec<EventRow>,
+    pub deliveries: BTreeMap<String, i64>,
+    /// Deliveries not `delivered`: "event id, status, last error".
+    pub undelivered: Vec<String>,
+}
+
+impl Snapshot {
+    /// Everything in one statement, as JSON whose names are the fields';
+    /// ids as the API writes them, `prefix_<hex>`.
+    pub async fn read(db: &Db) -> Result<Self> {
+        let id = |prefix, column| format!("'{prefix}_' || replace({column}::text, '-', '')");
+        let (charge, refund, event) = (id("ch", "id"), id("re", "id"), id("evt", "id"));
+        let (charge_of, refund_of) = (id("ch", "charge_id"), id("re", "refund_id"));
+        let event_of = id("evt", "event_id");
+        let sql = format!(
+            "SELECT json_build_object(\
+               'charges', (SELECT coalesce(json_agg(r), '[]') FROM (SELECT {charge} AS id, \
+                 client_idempotency_key AS key, status, amount, amount_refunded, refunds_reserved, \
+                 processor_payment_id AS processor_id, processor_attempts FROM charges) r), \
+               'refunds', (SELECT coalesce(json_agg(r), '[]') FROM (SELECT {refund} AS id, \
+                 {charge_of} AS charge_id, client_idempotency_key AS key, status, amount, \
+                 processor_refund_id AS processor_id, processor_attempts FROM refunds) r), \
+               'events', (SELECT coalesce(json_agg(r), '[]') FROM (SELECT {event} AS id, type AS kind, \
+                 coalesce({charge_of}, {refund_of}) AS object FROM events) r), \
+               'deliveries', (SELECT coalesce(json_object_agg(status, n), '{{}}') FROM \
+                 (SELECT status, count(*) AS n FROM webhook_deliveries GROUP BY status) d), \
+               'undelivered', (SELECT coalesce(json_agg({event_of} || ' ' || status || ' ' || \
+                 coalesce(last_error, '')), '[]') FROM webhook_deliveries \
+                 WHERE status <> 'delivered')\
+             )::text"
+        );
+        let text: String = db.query_one(&sql, &[]).await.context("reading the database")?.get(0);
+        serde_json::from_str(&text).context("reading the database")
+    }
+
+    pub fn objects(&self) -> impl Iterator<Item = (&'static str, &Row)> {
+        let charges = self.charges.iter().map(|row| ("charge", row));
+        charges.chain(self.refunds.iter().map(|row| ("refund", row)))
+    }
+
+    pub fn pending(&self) -> usize {
+        self.objects().filter(|(_, row)| row.status == "pending").count()
+    }
+}
+
+/// psp-sim's ledger: `GET /v1/payments` and `GET /v1/refunds`.
+pub struct Ledger {
+    pub payments: Vec<Entry>,
+    pub refunds: Vec<Entry>,
+}
+
+/// A payment or a refund (with `payment_id`) as psp-sim lists it.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+pub struct Entry {
+    pub id: String,
+    pub status: String,
+    pub amount: i64,
+    pub idempotency_key: String,
+    pub payment_id: Option<String>,
+    /// Requests received for its key, faults included.
+    pub requests: u64,
+}
+
+#[derive(Deserialize)]
+struct List {
+    data: Vec<Entry>,
+}
+
+impl Ledger {
+    pub async fn read(psp_url: &str) -> Result<Self> {
+        let http = &reqwest::Client::new();
+        let list = |what| async move {
+            let get = http.get(format!("{psp_url}/v1/{what}")).send().await;
+            reqwest::Result::Ok(get?.error_for_status()?.json::<List>().await?.data)
+        };
+        let payments = list("payments").await.context("reading psp-sim's payments")?;
+        Ok(Self { payments, refunds: list("refunds").await.context("reading psp-sim's refunds")? })
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.payments.iter().chain(&self.refunds).map(|entry| entry.requests).sum()
+    }
+}
+
 pub struct Verdict {
     pub name: &'static str,
     pub checked: usize,
@@ -22,31 +132,18 @@ impl Verdict {
     fn new(name: &'static str) -> Self {
         Self { name, checked: 0, violations: Vec::new() }
     }
-}
 
-fn text(value: &Value, field: &str) -> String {
-    value[field].as_str().unwrap_or_default().to_owned()
-}
-
-/// What the receiver saw: acknowledged (2xx) answers per `webhook-id`, and
-/// ids whose body named another event.
-pub struct Received<'a> {
-    pub acknowledged: &'a HashMap<String, u64>,
-    pub mismatched: &'a [String],
-}
-
-/// What the clients saw.
-pub struct Told<'a> {
-    pub records: &'a HashMap<String, Record>,
-    pub bad_answers: &'a [String],
+    fn fail(&mut self, violation: String) {
+        self.violations.push(violation);
+    }
 }
 
 /// Every invariant, in the order of RELIABILITY.md.
 pub fn check(
     db: &Snapshot,
     ledger: &Ledger,
-    received: &Received<'_>,
-    told: &Told<'_>,
+    received: &Tally,
+    told: &Seen,
     settled: bool,
 ) -> Vec<Verdict> {
     vec![
@@ -61,70 +158,41 @@ pub fn check(
     ]
 }
 
-/// The rows of each key.
-type ByKey<'a, T> = HashMap<&'a str, Vec<&'a T>>;
-
-/// A charge key's rows, a refund key's rows.
-fn rows_by_key(db: &Snapshot) -> (ByKey<'_, ChargeRow>, ByKey<'_, RefundRow>) {
-    let mut charges: ByKey<'_, ChargeRow> = HashMap::new();
-    for charge in &db.charges {
-        if let Some(key) = &charge.key {
-            charges.entry(key).or_default().push(charge);
-        }
-    }
-    let mut refunds: ByKey<'_, RefundRow> = HashMap::new();
-    for refund in &db.refunds {
-        if let Some(key) = &refund.key {
-            refunds.entry(key).or_default().push(refund);
-        }
-    }
-    (charges, refunds)
-}
-
-fn one_row_per_operation(db: &Snapshot, told: &Told<'_>) -> Verdict {
+fn one_row_per_operation(db: &Snapshot, told: &Seen) -> Verdict {
     let mut verdict = Verdict::new("one row per logical operation (idempotency key)");
-    let (charges, refunds) = rows_by_key(db);
-    for (key, record) in told.records {
+    let mut rows: HashMap<(&str, &str), usize> = HashMap::new();
+    for (what, row) in db.objects() {
+        if let Some(key) = &row.key {
+            *rows.entry((what, key)).or_default() += 1;
+        }
+    }
+    for (key, record) in &told.records {
         let Some(operation) = &record.operation else {
             continue;
         };
         verdict.checked += 1;
-        let rows = match operation.kind {
-            Kind::Charge => charges.get(key.as_str()).map_or(0, Vec::len),
-            Kind::Refund => refunds.get(key.as_str()).map_or(0, Vec::len),
-        };
+        let rows = rows.get(&(operation.kind, key.as_str())).copied().unwrap_or(0);
         let refused = !record.outcomes.is_empty()
             && record.outcomes.iter().all(|o| matches!(o, Outcome::Refused(_)));
-        let unfinished = record.outcomes.is_empty();
-        let expected_ok = if refused {
-            rows == 0
-        } else if unfinished {
-            rows <= 1
-        } else {
-            rows == 1
+        let expected_ok = match (refused, record.outcomes.is_empty()) {
+            (true, _) => rows == 0,
+            (false, true) => rows <= 1,
+            (false, false) => rows == 1,
         };
         if !expected_ok {
-            verdict.violations.push(format!(
-                "{:?} key {key}: {rows} rows{}",
-                operation.kind,
-                if refused { " for a refused request" } else { "" }
-            ));
+            let refused = if refused { " for a refused request" } else { "" };
+            verdict.fail(format!("{} key {key}: {rows} rows{refused}", operation.kind));
         }
     }
-    for charge in &db.charges {
-        if charge.key.as_ref().is_none_or(|key| !told.records.contains_key(key)) {
-            verdict.violations.push(format!("charge {} has a key no client sent", charge.id));
-        }
-    }
-    for refund in &db.refunds {
-        if refund.key.as_ref().is_none_or(|key| !told.records.contains_key(key)) {
-            verdict.violations.push(format!("refund {} has a key no client sent", refund.id));
+    for (what, row) in db.objects() {
+        if row.key.as_ref().is_none_or(|key| !told.records.contains_key(key)) {
+            verdict.fail(format!("{what} {} has a key no client sent", row.id));
         }
     }
     verdict
 }
 
-/// psp-sim's key for a charge or refund id (`ch_<hex>` → `chargeonce-<hex>`).
+/// `ch_<hex>` → `chargeonce-<hex>`, `re_…` → `chargeonce-refund-…`.
 fn processor_key(id: &str) -> String {
     match id.split_once('_') {
         Some(("re", hex)) => format!("chargeonce-refund-{hex}"),
@@ -136,96 +204,59 @@ fn processor_key(id: &str) -> String {
 fn one_payment_per_operation(db: &Snapshot, ledger: &Ledger) -> Verdict {
     let mut verdict =
         Verdict::new("at most one processor payment per operation, none without its row");
-    // (id, status, key) of each operation: charges against payments,
-    // refunds against refunds.
-    let sides = [
-        (
-            "charge",
-            db.charges
-                .iter()
-                .map(|c| (&c.id, &c.status, &c.processor_payment_id))
-                .collect::<Vec<_>>(),
-            &ledger.payments,
-        ),
-        (
-            "refund",
-            db.refunds
-                .iter()
-                .map(|r| (&r.id, &r.status, &r.processor_refund_id))
-                .collect::<Vec<_>>(),
-            &ledger.refunds,
-        ),
-    ];
-    for (what, rows, book) in sides {
-        let mut by_key: HashMap<String, Vec<&Value>> = HashMap::new();
+    // Charges against payments, refunds against refunds.
+    for (what, rows, book) in
+        [("charge", &db.charges, &ledger.payments), ("refund", &db.refunds, &ledger.refunds)]
+    {
+        let mut by_key: HashMap<&str, Vec<&Entry>> = HashMap::new();
         for entry in book {
-            by_key.entry(text(entry, "idempotency_key")).or_default().push(entry);
+            by_key.entry(&entry.idempotency_key).or_default().push(entry);
         }
-        let mut known = HashSet::new();
-        for (id, status, processor_id) in rows {
+        for Row { id, status, processor_id, .. } in rows.iter() {
             verdict.checked += 1;
-            let key = processor_key(id);
-            let entries = by_key.get(&key).map(Vec::as_slice).unwrap_or_default();
-            known.insert(key);
+            let entries = by_key.remove(processor_key(id).as_str()).unwrap_or_default();
             if entries.len() > 1 {
-                verdict
-                    .violations
-                    .push(format!("{what} {id}: {} processor entries", entries.len()));
+                verdict.fail(format!("{what} {id}: {} processor entries", entries.len()));
             }
-            let moved = entries.iter().find(|e| text(e, "status") == "succeeded");
-            match status.as_str() {
-                "succeeded" => match moved {
-                    Some(entry) if Some(text(entry, "id")) == *processor_id => {}
-                    Some(entry) => verdict.violations.push(format!(
-                        "{what} {id}: succeeded with {processor_id:?}, the processor has {}",
-                        text(entry, "id")
-                    )),
-                    None => verdict
-                        .violations
-                        .push(format!("{what} {id}: succeeded, the processor has no such {what}")),
-                },
-                "failed" => {
-                    if let Some(entry) = moved {
-                        verdict.violations.push(format!(
-                            "{what} {id}: failed, yet the processor made {}",
-                            text(entry, "id")
-                        ));
-                    }
+            let moved = entries.iter().find(|e| e.status == "succeeded");
+            match (status.as_str(), moved) {
+                ("succeeded", Some(entry)) if Some(&entry.id) == processor_id.as_ref() => {}
+                ("succeeded", Some(Entry { id: made, .. })) => verdict.fail(format!(
+                    "{what} {id}: succeeded with {processor_id:?}, the processor has {made}"
+                )),
+                ("succeeded", None) => verdict
+                    .fail(format!("{what} {id}: succeeded, the processor has no such {what}")),
+                ("failed", Some(Entry { id: made, .. })) => {
+                    verdict.fail(format!("{what} {id}: failed, yet the processor made {made}"))
                 }
                 _ => {}
             }
         }
         for (key, entries) in &by_key {
-            if !known.contains(key) {
-                for entry in entries {
-                    verdict.violations.push(format!(
-                        "processor {what} {} (key {key}, {}) has no {what} row",
-                        text(entry, "id"),
-                        text(entry, "status")
-                    ));
-                }
+            for Entry { id, status, .. } in entries {
+                verdict
+                    .fail(format!("processor {what} {id} (key {key}, {status}) has no {what} row"));
             }
         }
     }
     verdict
 }
 
-fn all_final(db: &Snapshot, told: &Told<'_>, settled: bool) -> Verdict {
+fn all_final(db: &Snapshot, told: &Seen, settled: bool) -> Verdict {
     let mut verdict = Verdict::new("every charge and refund final within the bound");
-    verdict.checked = db.charges.len() + db.refunds.len();
-    for charge in db.charges.iter().filter(|c| c.status == "pending") {
-        verdict.violations.push(format!("charge {} still pending", charge.id));
+    for (what, row) in db.objects() {
+        verdict.checked += 1;
+        if row.status == "pending" {
+            verdict.fail(format!("{what} {} still pending", row.id));
+        }
     }
-    for refund in db.refunds.iter().filter(|r| r.status == "pending") {
-        verdict.violations.push(format!("refund {} still pending", refund.id));
-    }
-    for (key, record) in told.records {
+    for (key, record) in &told.records {
         if record.outcomes.is_empty() && record.operation.is_some() {
-            verdict.violations.push(format!("key {key}: no final answer to the client"));
+            verdict.fail(format!("key {key}: no final answer to the client"));
         }
     }
     if !settled {
-        verdict.violations.push("not settled within the bound (see above)".to_owned());
+        verdict.fail("not settled within the bound (see above)".to_owned());
     }
     verdict
 }
@@ -234,7 +265,7 @@ fn no_over_refund(db: &Snapshot, ledger: &Ledger) -> Verdict {
     let mut verdict = Verdict::new("no refunded total exceeds its charge");
     let mut refunded: HashMap<&str, (i64, i64)> = HashMap::new();
     for refund in &db.refunds {
-        let entry = refunded.entry(&refund.charge_id).or_default();
+        let entry = refunded.entry(refund.charge_id.as_deref().unwrap_or_default()).or_default();
         match refund.status.as_str() {
             "succeeded" => {
                 entry.0 += refund.amount;
@@ -248,33 +279,27 @@ fn no_over_refund(db: &Snapshot, ledger: &Ledger) -> Verdict {
         verdict.checked += 1;
         let (succeeded, reserved) = refunded.get(charge.id.as_str()).copied().unwrap_or((0, 0));
         if succeeded > charge.amount || reserved > charge.amount {
-            verdict.violations.push(format!(
+            verdict.fail(format!(
                 "charge {}: {succeeded} refunded ({reserved} with pending) of {}",
                 charge.id, charge.amount
             ));
         }
         if charge.amount_refunded != succeeded || charge.refunds_reserved != reserved {
-            verdict.violations.push(format!(
+            verdict.fail(format!(
                 "charge {}: amount_refunded {} / refunds_reserved {}, its refunds say {succeeded} / {reserved}",
                 charge.id, charge.amount_refunded, charge.refunds_reserved
             ));
         }
     }
-    let mut at_processor: HashMap<String, i64> = HashMap::new();
-    for refund in &ledger.refunds {
-        if text(refund, "status") == "succeeded" {
-            *at_processor.entry(text(refund, "payment_id")).or_default() +=
-                refund["amount"].as_i64().unwrap_or_default();
-        }
+    let mut at_processor: HashMap<&str, i64> = HashMap::new();
+    for refund in ledger.refunds.iter().filter(|refund| refund.status == "succeeded") {
+        *at_processor.entry(refund.payment_id.as_deref().unwrap_or_default()).or_default() +=
+            refund.amount;
     }
-    for payment in &ledger.payments {
-        let refunded = at_processor.get(&text(payment, "id")).copied().unwrap_or(0);
-        if refunded > payment["amount"].as_i64().unwrap_or_default() {
-            verdict.violations.push(format!(
-                "processor payment {}: {refunded} refunded of {}",
-                text(payment, "id"),
-                payment["amount"]
-            ));
+    for Entry { id, amount, .. } in &ledger.payments {
+        let refunded = at_processor.get(id.as_str()).copied().unwrap_or(0);
+        if refunded > *amount {
+            verdict.fail(format!("processor payment {id}: {refunded} refunded of {amount}"));
         }
     }
     verdict
@@ -286,12 +311,7 @@ fn one_event_per_change(db: &Snapshot) -> Verdict {
     for event in &db.events {
         *events.entry((&event.object, &event.kind)).or_default() += 1;
     }
-    let objects = db
-        .charges
-        .iter()
-        .map(|c| ("charge", &c.id, &c.status, c.processor_attempts))
-        .chain(db.refunds.iter().map(|r| ("refund", &r.id, &r.status, r.processor_attempts)));
-    for (what, id, status, unknown_answers) in objects {
+    for (what, Row { id, status, processor_attempts: unknown_answers, .. }) in db.objects() {
         verdict.checked += 1;
         for state in ["pending", "succeeded", "failed"] {
             let kind = format!("{what}.{state}");
@@ -299,11 +319,11 @@ fn one_event_per_change(db: &Snapshot) -> Verdict {
             // `pending` is a change once the first answer was unknown;
             // the final state is one once reached.
             let expected = match state {
-                "pending" => usize::from(unknown_answers > 0),
+                "pending" => usize::from(*unknown_answers > 0),
                 final_state => usize::from(status == final_state),
             };
             if count != expected {
-                verdict.violations.push(format!(
+                verdict.fail(format!(
                     "{what} {id} ({status}): {count} {kind} events, expected {expected}"
                 ));
             }
@@ -312,36 +332,32 @@ fn one_event_per_change(db: &Snapshot) -> Verdict {
     verdict
 }
 
-fn events_received(db: &Snapshot, received: &Received<'_>) -> Verdict {
+fn events_received(db: &Snapshot, received: &Tally) -> Verdict {
     let mut verdict = Verdict::new("every event reached the receiver (2xx) at least once");
     for event in &db.events {
         verdict.checked += 1;
         if received.acknowledged.get(&event.id).copied().unwrap_or(0) == 0 {
-            verdict
-                .violations
-                .push(format!("event {} ({}) never acknowledged", event.id, event.kind));
+            verdict.fail(format!("event {} ({}) never acknowledged", event.id, event.kind));
         }
     }
     for delivery in &db.undelivered {
-        verdict.violations.push(format!("delivery {delivery}"));
+        verdict.fail(format!("delivery {delivery}"));
     }
-    for id in received.mismatched {
-        verdict.violations.push(format!("webhook-id {id}: the body is another event"));
+    for id in &received.mismatched {
+        verdict.fail(format!("webhook-id {id}: the body is another event"));
     }
     verdict
 }
 
-fn documented_answers(told: &Told<'_>) -> Verdict {
+fn documented_answers(told: &Seen) -> Verdict {
     let mut verdict = Verdict::new("only documented statuses (no 500; 503 only while faults ran)");
     verdict.checked = told.records.len();
     verdict.violations.extend(told.bad_answers.iter().cloned());
     verdict
 }
 
-/// On Citus, while a worker was down (the other faults paused): its
-/// merchants were answered 503 (with `Retry-After`, checked with every
-/// answer), the other merchants were served and never answered 503; an
-/// attempt without an answer is a violation on either side.
+/// On Citus, while a worker was down: its merchants were answered 503, the
+/// others were served and never answered 503; no attempt went unanswered.
 pub fn worker_outage(outage: &Outage) -> Verdict {
     let mut verdict = Verdict::new("a worker down: 503 for its merchants, the others served");
     let [stopped, others] = &outage.answers;
@@ -361,28 +377,23 @@ pub fn worker_outage(outage: &Outage) -> Verdict {
     verdict
 }
 
-fn same_key_same_answer(db: &Snapshot, told: &Told<'_>) -> Verdict {
+fn same_key_same_answer(db: &Snapshot, told: &Seen) -> Verdict {
     let mut verdict = Verdict::new("one key, one answer, as recorded");
-    let status_of: HashMap<&str, &str> = db
-        .charges
-        .iter()
-        .map(|c| (c.id.as_str(), c.status.as_str()))
-        .chain(db.refunds.iter().map(|r| (r.id.as_str(), r.status.as_str())))
-        .collect();
-    for (key, record) in told.records {
+    let status_of: HashMap<&str, &str> =
+        db.objects().map(|(_, row)| (row.id.as_str(), row.status.as_str())).collect();
+    for (key, record) in &told.records {
         let Some(first) = record.outcomes.first() else {
             continue;
         };
         verdict.checked += 1;
         if record.outcomes.iter().any(|o| o != first) {
-            verdict.violations.push(format!("key {key}: different answers {:?}", record.outcomes));
+            verdict.fail(format!("key {key}: different answers {:?}", record.outcomes));
         }
         if let Outcome::Final { id, status } = first {
             match status_of.get(id.as_str()) {
                 Some(recorded) if recorded == status => {}
                 recorded => verdict
-                    .violations
-                    .push(format!("key {key}: told {id} {status}, the database has {recorded:?}")),
+                    .fail(format!("key {key}: told {id} {status}, the database has {recorded:?}")),
             }
         }
     }
@@ -391,137 +402,106 @@ fn same_key_same_answer(db: &Snapshot, told: &Told<'_>) -> Verdict {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
+    use serde_json::json;
 
     use super::*;
-    use crate::snapshot::EventRow;
-    use crate::workload::Operation;
+    use crate::workload::Record;
+    use crate::workload::{charge_operation, Operation};
 
     const CHARGE: &str = "ch_0000000000000000000000000000000a";
     const REFUND: &str = "re_0000000000000000000000000000000b";
 
-    /// The database, the processor's ledger, the receiver's
-    /// acknowledgements, the clients' records.
-    type World = (Snapshot, Ledger, HashMap<String, u64>, HashMap<String, Record>);
+    struct World {
+        db: Snapshot,
+        ledger: Ledger,
+        received: Tally,
+        told: Seen,
+    }
+
+    impl World {
+        fn violated(&self) -> Vec<&'static str> {
+            let verdicts = check(&self.db, &self.ledger, &self.received, &self.told, true);
+            let violated = verdicts.into_iter().filter(|verdict| !verdict.violations.is_empty());
+            violated.map(|verdict| verdict.name).collect()
+        }
+    }
+
+    fn entry(value: serde_json::Value) -> Entry {
+        serde_json::from_value(value).unwrap()
+    }
 
     /// One succeeded charge of 1000 with a succeeded refund of 400, its
     /// events, its payment and refund at the processor, all received.
     fn world() -> World {
-        let db = Snapshot {
-            charges: vec![ChargeRow {
-                id: CHARGE.to_owned(),
-                key: Some("k-charge".to_owned()),
-                status: "succeeded".to_owned(),
-                amount: 1000,
-                amount_refunded: 400,
-                refunds_reserved: 400,
-                processor_payment_id: Some("pay_1".to_owned()),
-                processor_attempts: 0,
-            }],
-            refunds: vec![RefundRow {
-                id: REFUND.to_owned(),
-                charge_id: CHARGE.to_owned(),
-                key: Some("k-refund".to_owned()),
-                status: "succeeded".to_owned(),
-                amount: 400,
-                processor_refund_id: Some("rf_1".to_owned()),
-                processor_attempts: 1,
-            }],
-            events: [
-                ("evt_1", "charge.succeeded", CHARGE),
-                ("evt_2", "refund.pending", REFUND),
-                ("evt_3", "refund.succeeded", REFUND),
-            ]
-            .into_iter()
-            .map(|(id, kind, object)| EventRow {
-                id: id.to_owned(),
-                kind: kind.to_owned(),
-                object: object.to_owned(),
-            })
-            .collect(),
-            deliveries: BTreeMap::new(),
-            undelivered: Vec::new(),
-        };
+        let db: Snapshot = serde_json::from_value(json!({
+            "charges": [{"id": CHARGE, "key": "k-charge", "status": "succeeded", "amount": 1000,
+                "amount_refunded": 400, "refunds_reserved": 400, "processor_id": "pay_1"}],
+            "refunds": [{"id": REFUND, "charge_id": CHARGE, "key": "k-refund",
+                "status": "succeeded", "amount": 400, "processor_id": "rf_1",
+                "processor_attempts": 1}],
+            "events": [
+                {"id": "evt_1", "kind": "charge.succeeded", "object": CHARGE},
+                {"id": "evt_2", "kind": "refund.pending", "object": REFUND},
+                {"id": "evt_3", "kind": "refund.succeeded", "object": REFUND},
+            ],
+        }))
+        .unwrap();
         let ledger = Ledger {
-            payments: vec![serde_json::json!({
+            payments: vec![entry(json!({
                 "id": "pay_1", "status": "succeeded", "amount": 1000,
                 "idempotency_key": "chargeonce-0000000000000000000000000000000a",
-            })],
-            refunds: vec![serde_json::json!({
+            }))],
+            refunds: vec![entry(json!({
                 "id": "rf_1", "status": "succeeded", "amount": 400, "payment_id": "pay_1",
                 "idempotency_key": "chargeonce-refund-0000000000000000000000000000000b",
-            })],
+            }))],
         };
-        let acknowledged =
-            ["evt_1", "evt_2", "evt_3"].into_iter().map(|id| (id.to_owned(), 1)).collect();
-        let records = [("k-charge", Kind::Charge, CHARGE), ("k-refund", Kind::Refund, REFUND)]
-            .into_iter()
+        let acknowledged = ["evt_1", "evt_2", "evt_3"].map(|id| (id.to_owned(), 1)).into();
+        let records = [("k-charge", "charge", CHARGE), ("k-refund", "refund", REFUND)]
             .map(|(key, kind, id)| {
-                let record = Record {
-                    operation: Some(Operation::for_test(kind, key)),
-                    outcomes: vec![Outcome::Final { id: id.to_owned(), status: "succeeded" }],
-                };
-                (key.to_owned(), record)
+                let operation =
+                    Operation { kind, key: key.into(), ..charge_operation(1000, 0, false) };
+                let outcomes = vec![Outcome::Final { id: id.to_owned(), status: "succeeded" }];
+                (key.to_owned(), Record { operation: Some(operation), outcomes })
             })
-            .collect();
-        (db, ledger, acknowledged, records)
-    }
-
-    /// The names of the violated invariants.
-    fn violated(
-        db: &Snapshot,
-        ledger: &Ledger,
-        acknowledged: &HashMap<String, u64>,
-        records: &HashMap<String, Record>,
-        bad_answers: &[String],
-    ) -> Vec<&'static str> {
-        check(
-            db,
-            ledger,
-            &Received { acknowledged, mismatched: &[] },
-            &Told { records, bad_answers },
-            true,
-        )
-        .into_iter()
-        .filter(|verdict| !verdict.violations.is_empty())
-        .map(|verdict| verdict.name)
-        .collect()
+            .into();
+        let (received, told) =
+            (Tally { acknowledged, ..Tally::default() }, Seen { records, ..Seen::default() });
+        World { db, ledger, received, told }
     }
 
     #[test]
     fn a_consistent_world_passes() {
-        let (db, ledger, acknowledged, records) = world();
-        assert_eq!(violated(&db, &ledger, &acknowledged, &records, &[]), Vec::<&str>::new());
+        assert_eq!(world().violated(), Vec::<&str>::new());
     }
 
     #[test]
     fn a_payment_without_its_charge_is_a_violation() {
-        let (db, mut ledger, acknowledged, records) = world();
-        ledger.payments.push(serde_json::json!({
+        let mut world = world();
+        world.ledger.payments.push(entry(json!({
             "id": "pay_2", "status": "succeeded", "amount": 1000,
             "idempotency_key": "chargeonce-0000000000000000000000000000000c",
-        }));
+        })));
         assert_eq!(
-            violated(&db, &ledger, &acknowledged, &records, &[]),
+            world.violated(),
             ["at most one processor payment per operation, none without its row"]
         );
     }
 
     #[test]
     fn an_over_refund_is_a_violation() {
-        let (mut db, ledger, acknowledged, records) = world();
-        db.charges[0].amount = 300;
-        assert!(violated(&db, &ledger, &acknowledged, &records, &[])
-            .contains(&"no refunded total exceeds its charge"));
+        let mut world = world();
+        world.db.charges[0].amount = 300;
+        assert!(world.violated().contains(&"no refunded total exceeds its charge"));
     }
 
     #[test]
     fn a_missing_or_unreceived_event_is_a_violation() {
-        let (mut db, ledger, mut acknowledged, records) = world();
-        db.events.remove(1);
-        acknowledged.remove("evt_3");
+        let mut world = world();
+        world.db.events.remove(1);
+        world.received.acknowledged.remove("evt_3");
         assert_eq!(
-            violated(&db, &ledger, &acknowledged, &records, &[]),
+            world.violated(),
             [
                 "one event per committed state change",
                 "every event reached the receiver (2xx) at least once"
@@ -531,32 +511,16 @@ mod tests {
 
     #[test]
     fn a_500_and_a_second_row_for_a_key_are_violations() {
-        let (mut db, ledger, acknowledged, records) = world();
-        let mut twin = ChargeRow {
-            id: "ch_0000000000000000000000000000000d".to_owned(),
-            ..db.charges[0].clone()
-        };
-        twin.processor_payment_id = None;
-        twin.status = "failed".to_owned();
-        twin.amount_refunded = 0;
-        twin.refunds_reserved = 0;
-        db.charges.push(twin);
-        db.events.push(EventRow {
-            id: "evt_4".to_owned(),
-            kind: "charge.failed".to_owned(),
-            object: "ch_0000000000000000000000000000000d".to_owned(),
-        });
-        let mut acknowledged = acknowledged;
-        acknowledged.insert("evt_4".to_owned(), 1);
-        let names = violated(
-            &db,
-            &ledger,
-            &acknowledged,
-            &records,
-            &["500 for key k on instance 0".to_owned()],
-        );
+        let mut world = world();
+        let twin = "ch_0000000000000000000000000000000d";
+        let failed = Row { id: twin.to_owned(), status: "failed".to_owned(), ..Row::default() };
+        world.db.charges.push(Row { amount: 1000, key: Some("k-charge".to_owned()), ..failed });
+        let event = json!({"id": "evt_4", "kind": "charge.failed", "object": twin});
+        world.db.events.push(serde_json::from_value(event).unwrap());
+        world.received.acknowledged.insert("evt_4".to_owned(), 1);
+        world.told.bad_answers.push("500 for key k on instance 0".to_owned());
         assert_eq!(
-            names,
+            world.violated(),
             [
                 "one row per logical operation (idempotency key)",
                 "only documented statuses (no 500; 503 only while faults ran)"

@@ -1,20 +1,12 @@
-//! The faults the run injects while it lasts, each counted:
-//! - network: a random instance's proxy to PostgreSQL cuts every
-//!   connection (and refuses new ones) or stalls them (a partition: no
-//!   error, nothing moves) for 0.5–3 s;
-//! - crashes: SIGKILL of a random instance every few seconds, started
-//!   again (same port) after a short pause.
-//!
-//! The PostgreSQL restart and the Citus worker's outage are in `main` (it
-//! owns the servers); psp-sim's and the receiver's faults are their own.
-//! Each fault here holds `Counts::quiet` for reading while it lasts: the
-//! worker's outage holds it for writing, so these faults pause meanwhile
-//! and what its merchants' neighbours see is the outage's doing alone.
+//! The faults, counted: proxy cuts and stalls, SIGKILLs. Each holds
+//! `Counts::quiet` to read; a Citus worker's outage holds it to write, so
+//! that what its neighbours see is the outage's doing alone.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Result;
 use chargeonce_testkit::{ProxyMode, Server};
 use rand::Rng;
 use tokio::sync::Mutex;
@@ -22,8 +14,7 @@ use tokio::sync::Mutex;
 use crate::stack::Instance;
 use crate::workload::{lock, Shared};
 
-/// How long after the other faults ended a worker stops: their
-/// after-effects (a query timing out after a stall) are then over.
+/// Before a worker stops: the other faults' after-effects are over.
 const QUIET: Duration = Duration::from_secs(4);
 
 #[derive(Debug, Default)]
@@ -42,8 +33,7 @@ fn pause(min_ms: u64, max_ms: u64) -> Duration {
     Duration::from_millis(rand::thread_rng().gen_range(min_ms..=max_ms))
 }
 
-/// Cuts and stalls at random until `until`; every proxy forwards again when
-/// it returns.
+/// Cuts and stalls at random until `until`, each undone after 0.5–3 s.
 pub async fn network(instances: Instances, counts: Arc<Counts>, until: Instant) {
     while Instant::now() < until {
         tokio::time::sleep(pause(500, 2000)).await;
@@ -51,25 +41,19 @@ pub async fn network(instances: Instances, counts: Arc<Counts>, until: Instant) 
         if Instant::now() >= until {
             break;
         }
-        let (index, stall) = {
-            let mut rng = rand::thread_rng();
-            (rng.gen_range(0..instances.len()), rng.gen_bool(0.5))
-        };
-        // An instance being restarted is left alone: it must reach
-        // PostgreSQL to become ready.
+        let (index, stall) = (rand::thread_rng().gen_range(0..instances.len()), rand::random());
+        // Not one being restarted: it must reach PostgreSQL to be ready.
         let Ok(instance) = instances[index].try_lock() else {
             continue;
         };
         if instance.process.is_none() {
             continue;
         }
-        let mode = if stall {
-            counts.stalls.fetch_add(1, Ordering::Relaxed);
-            ProxyMode::Stall
-        } else {
-            counts.cuts.fetch_add(1, Ordering::Relaxed);
-            ProxyMode::Cut
+        let (mode, count) = match stall {
+            true => (ProxyMode::Stall, &counts.stalls),
+            false => (ProxyMode::Cut, &counts.cuts),
         };
+        count.fetch_add(1, Ordering::Relaxed);
         instance.proxy.set_mode(mode);
         drop(instance);
         tokio::time::sleep(pause(500, 3000)).await;
@@ -77,13 +61,9 @@ pub async fn network(instances: Instances, counts: Arc<Counts>, until: Instant) 
     }
 }
 
-/// SIGKILL of a random instance every 2–5 s, started again after 0–1 s,
-/// until `until`. Returns the first error of a start that failed for good.
-pub async fn crashes(
-    instances: Instances,
-    counts: Arc<Counts>,
-    until: Instant,
-) -> anyhow::Result<()> {
+/// SIGKILL of a random instance every 2–5 s, started again after 0–1 s;
+/// the error of a start that failed for good.
+pub async fn crashes(instances: Instances, counts: Arc<Counts>, until: Instant) -> Result<()> {
     while Instant::now() < until {
         tokio::time::sleep(pause(2000, 5000)).await;
         let _fault = counts.quiet.read().await;
@@ -103,10 +83,7 @@ pub async fn crashes(
     Ok(())
 }
 
-/// Stops a Citus worker in immediate mode for `down`, then starts it
-/// again, the other faults paused from [`QUIET`] before; the answers
-/// meanwhile are counted by side (`Shared::outage`). Returns how long the
-/// worker was down.
+/// A Citus worker stopped for `down`, other faults paused from [`QUIET`] before.
 pub async fn worker_outage(
     worker: &mut Server,
     counts: &Counts,
@@ -117,9 +94,9 @@ pub async fn worker_outage(
     tokio::time::sleep(QUIET).await;
     worker.node().stop_immediate().await;
     let stopped = Instant::now();
-    lock(&shared.outage).since = Some(stopped);
+    lock(&shared.seen).outage.since = Some(stopped);
     tokio::time::sleep(down).await;
-    lock(&shared.outage).since = None;
+    lock(&shared.seen).outage.since = None;
     worker.start_again().await;
     stopped.elapsed()
 }

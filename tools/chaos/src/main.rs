@@ -1,21 +1,11 @@
-//! The chaos run of chargeonce (RELIABILITY.md): a private PostgreSQL,
-//! three real service instances each behind a fault proxy, psp-sim with
-//! faults, a webhook receiver that fails deliveries, and concurrent clients,
-//! while connections are cut and stalled, instances are SIGKILLed and
-//! started again, and PostgreSQL is restarted in immediate mode. Then the
-//! faults stop, everything settles, and the invariants are checked from the
-//! database, psp-sim's ledger and the receiver. Exit status: 0 when every
-//! invariant holds, 1 on a violation (the offenders are named), 2 when the
-//! run could not be made. With `--citus`, the database is a private Citus
-//! cluster, merchants on both workers, and one worker is stopped for a
-//! while.
-//!
-//! `cargo run --release -p chaos -- --seconds 60 [--citus]`
+//! The chaos run of chargeonce (RELIABILITY.md): three instances behind fault
+//! proxies to a private PostgreSQL or Citus, psp-sim and a webhook receiver
+//! failing, customers; then the invariants. Exit status: 0 all hold, 1 a
+//! violation, 2 the run could not be made.
 
 mod checks;
 mod faults;
 mod receiver;
-mod snapshot;
 mod stack;
 mod workload;
 
@@ -27,17 +17,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, ensure, Context as _, Result};
 use chargeonce_testkit::{Chargeonce, Citus, Proxy, Server, TestDatabase};
 use clap::Parser;
+use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Mutex;
+use tokio_postgres::Client;
 
-use crate::checks::{Received, Told};
-use crate::snapshot::{Ledger, Snapshot};
+use crate::checks::{Ledger, Snapshot};
+use crate::receiver::Receiver;
 use crate::stack::Instance;
-use crate::workload::{lock, Kind, Shared};
+use crate::workload::{lock, Shared};
 
-/// Service instances.
 const INSTANCES: usize = 3;
 /// Offenders printed per invariant (all of them go to the report file).
 const SHOWN: usize = 20;
@@ -52,29 +43,25 @@ struct Args {
     /// Concurrent customers.
     #[arg(long, default_value_t = 6)]
     clients: usize,
-    /// The bound, in seconds after the faults stop, within which every
-    /// charge and refund must be final and every event delivered.
+    /// Seconds after the faults within which everything must be final.
     #[arg(long, default_value_t = 60)]
     settle_secs: u64,
     /// Seed of psp-sim's and the receiver's fault draws (default: random).
     #[arg(long)]
     seed: Option<u64>,
-    /// The service binary (default: `chargeonce` beside this program,
-    /// built first when run by cargo).
+    /// The service binary (default: `chargeonce` beside this program).
     #[arg(long)]
     service: Option<PathBuf>,
     /// Where logs and the report go (default: target/chaos).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// On a private Citus cluster (a coordinator, two workers), with
-    /// merchants on both workers, one worker stopped for a while.
+    /// On a private Citus cluster, one of its two workers stopped a while.
     #[arg(long)]
     citus: bool,
 }
 
 static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
 
-/// A progress line on stderr, with the time since the start.
 pub fn say(message: &str) {
     let elapsed = START.get_or_init(Instant::now).elapsed();
     eprintln!("chaos [{:6.1}s] {message}", elapsed.as_secs_f64());
@@ -83,27 +70,18 @@ pub fn say(message: &str) {
 fn main() -> ExitCode {
     let args = Args::parse();
     START.get_or_init(Instant::now);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("chaos: cannot start the runtime: {error}");
-            return ExitCode::from(2);
-        }
-    };
-    // Ctrl-C or SIGTERM (a CI timeout) end the run the same way as its end
-    // does: every process and the PostgreSQL server are stopped.
-    let result = runtime.block_on(async {
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            result = run(args) => result,
-            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
-            _ = terminate.recv() => Err(anyhow::anyhow!("terminated")),
-        }
+    // Ctrl-C or SIGTERM (a CI timeout): the runtime drops what it holds.
+    let runtime = tokio::runtime::Runtime::new().context("a tokio runtime");
+    let result = runtime.and_then(|runtime| {
+        runtime.block_on(async {
+            let mut terminate = signal(SignalKind::terminate())?;
+            tokio::select! {
+                result = run(args) => result,
+                _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+                _ = terminate.recv() => Err(anyhow::anyhow!("terminated")),
+            }
+        })
     });
-    // Dropping the runtime drops every task, and with them the processes,
-    // proxies and the PostgreSQL server they hold.
-    drop(runtime);
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
@@ -114,13 +92,10 @@ fn main() -> ExitCode {
     }
 }
 
-/// The whole run; `Ok(false)` when an invariant was violated.
 async fn run(args: Args) -> Result<bool> {
     let seed = args.seed.unwrap_or_else(rand::random);
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/chaos"));
+    let default_out = || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/chaos");
+    let out = args.out.clone().unwrap_or_else(default_out);
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let binary = match args.service.clone() {
         Some(path) => Chargeonce::new(path, &out),
@@ -144,16 +119,16 @@ async fn run(args: Args) -> Result<bool> {
     let database = TestDatabase::empty_on(&server.node().url("postgres")).await;
     let direct_url = database.url.clone();
     binary.run(&direct_url, &["migrate"]).await.map_err(anyhow::Error::msg)?;
-    let (db, _connection) = connect(&direct_url).await?;
-    let merchants = stack::create_merchants(&binary, &db, &direct_url, &workers).await?;
+    let merchants =
+        stack::create_merchants(&binary, &connect(&direct_url).await?, &direct_url, &workers)
+            .await?;
     let on_stopped = merchants.iter().filter(|(_, stopped)| *stopped).count();
     if args.citus {
         say(&format!("{} merchants, {on_stopped} on the worker that stops", merchants.len()));
     }
 
     let psp = stack::start_psp_sim(&binary, &out, seed).await?;
-    let receiver = receiver::Receiver::start(seed).await?;
-
+    let receiver = Receiver::start(seed).await?;
     let mut instances = Vec::new();
     for index in 0..INSTANCES {
         let listen = "127.0.0.1:0".parse().context("an address")?;
@@ -174,7 +149,6 @@ async fn run(args: Args) -> Result<bool> {
     let counts = Arc::new(faults::Counts::default());
     let started = Instant::now();
     let until = started + Duration::from_secs(args.seconds);
-    // Each merchant has customers of its own.
     let clients = args.clients.max(merchants.len());
     say(&format!("{} s of faults with {clients} customers", args.seconds));
     let network = tokio::spawn(faults::network(instances.clone(), counts.clone(), until));
@@ -184,8 +158,7 @@ async fn run(args: Args) -> Result<bool> {
         customers.spawn(workload::customer(shared.clone(), customer % merchants.len(), until));
     }
 
-    // One PostgreSQL crash and restart (the coordinator's on Citus),
-    // half-way; then, on Citus, the first worker's outage.
+    // Half-way a PostgreSQL (coordinator) restart; on Citus a worker's outage.
     tokio::time::sleep_until((started + Duration::from_secs(args.seconds / 2)).into()).await;
     say("PostgreSQL: immediate restart");
     let pg_down = server.restart_immediate().await;
@@ -200,7 +173,6 @@ async fn run(args: Args) -> Result<bool> {
 
     network.await.context("the network fault task")?;
     crashes.await.context("the crash task")??;
-    // Every instance runs and forwards: the faults are over.
     for instance in instances.iter() {
         let instance = instance.lock().await;
         if instance.process.is_none() {
@@ -210,7 +182,7 @@ async fn run(args: Args) -> Result<bool> {
     }
     receiver.stop_failing();
     let calm = Instant::now();
-    *lock(&shared.calm_since) = Some(calm);
+    lock(&shared.seen).calm_since = Some(calm);
     say("faults stopped; customers finish what they were doing");
     while customers.join_next().await.is_some() {}
 
@@ -219,233 +191,141 @@ async fn run(args: Args) -> Result<bool> {
     say(&format!("resuming {unfinished} operations without a final answer, with their keys"));
     shared.resume_unfinished(calm + bound).await;
 
-    // A new connection: the first one ended with the restart.
-    let (db, _connection) = connect(&direct_url).await?;
-    let (settled, snapshot) = settle(&db, &receiver, calm, bound).await?;
+    // A new connection: the first ended with the restart.
+    let (settled, snapshot) = settle(&connect(&direct_url).await?, &receiver, calm + bound).await?;
     let settle_time = calm.elapsed();
     let ledger = Ledger::read(&psp.url).await?;
 
-    let records = std::mem::take(&mut *lock(&shared.records));
-    let bad_answers = lock(&shared.bad_answers).clone();
-    let mut verdicts = receiver.with_tally(|tally| {
-        checks::check(
-            &snapshot,
-            &ledger,
-            &Received { acknowledged: &tally.acknowledged, mismatched: &tally.mismatched },
-            &Told { records: &records, bad_answers: &bad_answers },
-            settled,
-        )
-    });
-    let outage = std::mem::take(&mut *lock(&shared.outage));
+    let seen = std::mem::take(&mut *lock(&shared.seen));
+    let (records, outage) = (&seen.records, &seen.outage);
+    let tally = receiver.tally();
+    let mut verdicts = checks::check(&snapshot, &ledger, &tally, &seen, settled);
     if worker_down.is_some() {
-        verdicts.push(checks::worker_outage(&outage));
+        verdicts.push(checks::worker_outage(outage));
     }
 
-    // The summary.
     let operations = records.values().filter_map(|r| r.operation.as_ref());
-    let charges_ops = operations.clone().filter(|o| o.kind == Kind::Charge).count();
-    let burst_ops = operations.filter(|o| o.burst).count();
-    let (arrived, answered_500, dropped, acknowledged) = receiver.with_tally(|tally| {
-        (tally.arrived, tally.answered_500, tally.dropped, tally.acknowledged.len())
-    });
+    let charges = operations.clone().filter(|o| o.kind == "charge").count();
+    let (bursts, refunds) = (operations.filter(|o| o.burst).count(), records.len() - charges);
     let n = |count: &std::sync::atomic::AtomicUsize| count.load(Ordering::Relaxed);
-    let rows = [
-        (
-            "operations",
-            format!(
-                "{} logical: {charges_ops} charges ({burst_ops} sent as bursts to all {INSTANCES} \
-             instances at once), {} refunds ({} refund races); {} attempts",
-                records.len(),
-                records.len() - charges_ops,
-                n(&shared.refund_races),
-                n(&shared.attempts)
-            ),
-        ),
-        ("answers by status", describe(&lock(&shared.statuses))),
-        (
-            "database faults",
-            format!(
-                "{} cuts, {} stalls (partitions) of an instance's connections; 1 immediate \
-             restart of {} (down {pg_down:.1?})",
-                n(&counts.cuts),
-                n(&counts.stalls),
-                if args.citus { "the Citus coordinator" } else { "PostgreSQL" }
-            ),
-        ),
-        (
-            "instance crashes",
-            format!(
-                "{} SIGKILLs, {} restarts ({} failed starts retried)",
-                n(&counts.kills),
-                n(&counts.restarts),
-                n(&counts.failed_starts)
-            ),
-        ),
-        (
-            "processor faults",
-            format!(
-                "psp-sim: {:.0} % errors, {:.0} % lost responses, {:.0} % timeouts ({} ms); {} \
-             requests for {} payments and {} refunds",
-                stack::PSP_ERROR_RATE * 100.0,
-                stack::PSP_LOST_RESPONSE_RATE * 100.0,
-                stack::PSP_TIMEOUT_RATE * 100.0,
-                stack::PSP_HANG_MS,
-                ledger.requests(),
-                ledger.payments.len(),
-                ledger.refunds.len()
-            ),
-        ),
-        (
-            "webhook faults",
-            format!(
-                "receiver: {answered_500} answered 500, {dropped} dropped, of {arrived} \
-                 deliveries; {acknowledged} events acknowledged"
-            ),
-        ),
-        (
-            "database at the end",
-            format!(
-                "charges {}; refunds {}; {} events; deliveries {:?}",
-                by_status(snapshot.charges.iter().map(|c| &c.status)),
-                by_status(snapshot.refunds.iter().map(|r| &r.status)),
-                snapshot.events.len(),
-                snapshot.deliveries
-            ),
-        ),
-        (
-            "settled",
-            format!(
-                "{} {settle_time:.1?} after the faults stopped (bound {} s)",
-                if settled { "in" } else { "NOT within" },
-                args.settle_secs
-            ),
-        ),
-    ];
-    let outage_row = worker_down.map(|down| {
-        let [stopped, others] = &outage.answers;
-        let row = format!(
-            "a worker stopped (immediate) for {down:.1?}, other faults paused: its {on_stopped} \
-             merchants got {}; the other {} got {}",
-            describe(stopped),
-            merchants.len() - on_stopped,
-            describe(others)
-        );
-        ("worker outage (Citus)", row)
-    });
-    let on_citus = if args.citus {
-        format!(" on Citus, {} merchants", merchants.len())
-    } else {
-        String::new()
+    let (races, attempts) = (seen.refund_races, seen.attempts);
+    let (cuts, stalls, kills) = (n(&counts.cuts), n(&counts.stalls), n(&counts.kills));
+    let (restarts, failed_starts) = (n(&counts.restarts), n(&counts.failed_starts));
+    let statuses = describe(&seen.statuses);
+    let (restarted, on_citus) = match args.citus {
+        true => ("the Citus coordinator", format!(" on Citus, {} merchants", merchants.len())),
+        false => ("PostgreSQL", String::new()),
     };
+    let psp = [stack::PSP_ERROR_RATE, stack::PSP_LOST_RESPONSE_RATE, stack::PSP_TIMEOUT_RATE];
+    let [errors, lost, timeouts] = psp.map(|rate| rate * 100.0);
+    let (hang, psp_requests) = (stack::PSP_HANG_MS, ledger.requests());
+    let (payments, psp_refunds) = (ledger.payments.len(), ledger.refunds.len());
+    let (answered_500, dropped, arrived) = (tally.answered_500, tally.dropped, tally.arrived);
+    let acknowledged = tally.acknowledged.len();
+    let by_status = |rows: &[checks::Row]| {
+        let mut counts = BTreeMap::<_, u64>::new();
+        rows.iter().for_each(|row| *counts.entry(row.status.clone()).or_default() += 1);
+        describe(&counts)
+    };
+    let (charge_statuses, refund_statuses) =
+        (by_status(&snapshot.charges), by_status(&snapshot.refunds));
+    let (events, deliveries) = (snapshot.events.len(), &snapshot.deliveries);
+    let within = if settled { "in" } else { "NOT within" };
+    let (seconds, settle_secs) = (args.seconds, args.settle_secs);
     let mut report = format!(
-        "\n## chaos run{on_citus}: {} s of faults, {clients} customers, seed {seed}\n\n\
-         | what | |\n|---|---|\n",
-        args.seconds
+        "\n## chaos run{on_citus}: {seconds} s of faults, {clients} customers, seed {seed}\n\n\
+         | what | |\n|---|---|\n\
+         | operations               | {} logical: {charges} charges ({bursts} sent as bursts to \
+           all {INSTANCES} instances at once), {refunds} refunds ({races} refund races); \
+           {attempts} attempts |\n\
+         | answers by status        | {statuses} |\n\
+         | database faults          | {cuts} cuts, {stalls} stalls (partitions) of an instance's \
+           connections; 1 immediate restart of {restarted} (down {pg_down:.1?}) |\n\
+         | instance crashes         | {kills} SIGKILLs, {restarts} restarts ({failed_starts} failed \
+           starts retried) |\n\
+         | processor faults         | psp-sim: {errors:.0} % errors, {lost:.0} % lost responses, \
+           {timeouts:.0} % timeouts ({hang} ms); {psp_requests} requests for {payments} payments \
+           and {psp_refunds} refunds |\n\
+         | webhook faults           | receiver: {answered_500} answered 500, {dropped} dropped, of \
+           {arrived} deliveries; {acknowledged} events acknowledged |\n\
+         | database at the end      | charges {charge_statuses}; refunds {refund_statuses}; \
+           {events} events; deliveries {deliveries:?} |\n\
+         | settled                  | {within} {settle_time:.1?} after the faults stopped (bound \
+           {settle_secs} s) |\n",
+        records.len()
     );
-    for (name, value) in rows.into_iter().chain(outage_row) {
-        let _ = writeln!(report, "| {name:<24} | {value} |");
+    if let Some(down) = worker_down {
+        let [stopped, others] = &outage.answers;
+        let (stopped, others) = (describe(stopped), describe(others));
+        let served = merchants.len() - on_stopped;
+        writeln!(
+            report,
+            "| worker outage (Citus)    | a worker stopped (immediate) for {down:.1?}, other \
+             faults paused: its {on_stopped} merchants got {stopped}; the other {served} got \
+             {others} |"
+        )?;
     }
-    let _ = writeln!(report, "\n| invariant | checked | result |\n|---|---|---|");
-    let mut ok = true;
+    writeln!(report, "\n| invariant | checked | result |\n|---|---|---|")?;
     for verdict in &verdicts {
-        let result = if verdict.violations.is_empty() {
-            "ok".to_owned()
-        } else {
-            ok = false;
-            format!("VIOLATED ({})", verdict.violations.len())
-        };
-        let _ = writeln!(report, "| {} | {} | {result} |", verdict.name, verdict.checked);
+        let count = verdict.violations.len();
+        let result = if count == 0 { "ok".to_owned() } else { format!("VIOLATED ({count})") };
+        writeln!(report, "| {} | {} | {result} |", verdict.name, verdict.checked)?;
     }
     let mut offenders = String::new();
     for verdict in verdicts.iter().filter(|v| !v.violations.is_empty()) {
-        let _ = writeln!(offenders, "\n{}:", verdict.name);
-        for (shown, violation) in verdict.violations.iter().enumerate() {
-            if shown < SHOWN {
-                let _ = writeln!(report, "- {}: {violation}", verdict.name);
-            }
-            let _ = writeln!(offenders, "  {violation}");
+        writeln!(offenders, "\n{}:\n  {}", verdict.name, verdict.violations.join("\n  "))?;
+        for violation in verdict.violations.iter().take(SHOWN) {
+            writeln!(report, "- {}: {violation}", verdict.name)?;
         }
     }
     println!("{report}");
     std::fs::write(out.join("report.md"), format!("{report}{offenders}"))?;
-    say(&format!(
-        "{}; report in {}",
-        if ok { "every invariant holds" } else { "INVARIANTS VIOLATED" },
-        out.join("report.md").display()
-    ));
+    let ok = verdicts.iter().all(|verdict| verdict.violations.is_empty());
+    let verdict = if ok { "every invariant holds" } else { "INVARIANTS VIOLATED" };
+    say(&format!("{verdict}; report in {}", out.join("report.md").display()));
     Ok(ok)
 }
 
 /// `{"201": 10, …}` as `201 ×10, …`.
-fn describe(statuses: &BTreeMap<String, u64>) -> String {
-    if statuses.is_empty() {
-        return "none".to_owned();
-    }
-    statuses
-        .iter()
-        .map(|(status, count)| format!("{status} ×{count}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+fn describe<T: std::fmt::Display>(counts: &BTreeMap<String, T>) -> String {
+    let counts: Vec<String> = counts.iter().map(|(status, n)| format!("{status} ×{n}")).collect();
+    Some(counts.join(", ")).filter(|text| !text.is_empty()).unwrap_or_else(|| "none".to_owned())
 }
 
-fn by_status<'a>(statuses: impl Iterator<Item = &'a String>) -> String {
-    let mut counts = BTreeMap::new();
-    for status in statuses {
-        *counts.entry(status.clone()).or_default() += 1;
-    }
-    describe(&counts)
-}
-
-async fn connect(url: &str) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>)> {
+async fn connect(url: &str) -> Result<Client> {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .context("connecting to the run's PostgreSQL")?;
-    let task = tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok((client, task))
+    tokio::spawn(connection);
+    Ok(client)
 }
 
-/// Waits until nothing is pending (charges, refunds, deliveries) and every
-/// event was acknowledged by the receiver, or until `bound` after `calm`.
-async fn settle(
-    db: &tokio_postgres::Client,
-    receiver: &receiver::Receiver,
-    calm: Instant,
-    bound: Duration,
-) -> Result<(bool, Snapshot)> {
+/// Until nothing is pending and every event acknowledged, or `deadline`.
+async fn settle(db: &Client, receiver: &Receiver, deadline: Instant) -> Result<(bool, Snapshot)> {
     loop {
         let snapshot = Snapshot::read(db).await?;
-        let unreceived = receiver.with_tally(|tally| {
-            snapshot.events.iter().filter(|e| !tally.acknowledged.contains_key(&e.id)).count()
-        });
-        let settled = snapshot.pending() == 0 && snapshot.undelivered.is_empty() && unreceived == 0;
-        if settled || calm.elapsed() > bound {
+        let received = |id: &String| receiver.tally().acknowledged.contains_key(id);
+        let settled = snapshot.pending() == 0
+            && snapshot.undelivered.is_empty()
+            && snapshot.events.iter().all(|event| received(&event.id));
+        if settled || Instant::now() > deadline {
             return Ok((settled, snapshot));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
-/// The merchant's webhook endpoint: every event type, to the receiver.
 async fn create_endpoint(base: &str, secret: &str, url: &str) -> Result<()> {
-    let http = reqwest::Client::new();
-    let body = serde_json::json!({ "url": url }).to_string();
-    let response = http
+    let response = reqwest::Client::new()
         .post(format!("{base}/v1/webhook_endpoints"))
         .bearer_auth(secret)
         .header("Idempotency-Key", "chaos-webhook-endpoint")
-        .header("Content-Type", "application/json")
-        .body(body)
+        .json(&serde_json::json!({ "url": url }))
         .send()
         .await
         .context("creating the webhook endpoint")?;
     let status = response.status();
-    if !status.is_success() {
-        bail!(
-            "creating the webhook endpoint: {status} {}",
-            response.text().await.unwrap_or_default()
-        );
-    }
+    let body = response.text().await.unwrap_or_default();
+    ensure!(status.is_success(), "creating the webhook endpoint: {status} {body}");
     Ok(())
 }

@@ -1,12 +1,10 @@
-//! The webhook receiver of the run: a real HTTP/1.1 server (hyper's, which
-//! can drop a connection without answering) on a free port. While faults
-//! are on it fails a share of deliveries, answering 500 or closing the
-//! connection without an answer; afterwards it accepts everything. It
-//! records each `webhook-id` that arrived and each it acknowledged (2xx).
+//! The webhook receiver (hyper's server can drop a connection unanswered):
+//! while faults run it fails a share of deliveries; it counts each `webhook-id`.
 
 use std::collections::HashMap;
+use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use anyhow::{Context as _, Result};
 use http_body_util::{BodyExt, Full};
@@ -16,11 +14,11 @@ use hyper_util::rt::TokioIo;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
 
-/// Share of deliveries answered 500 while faults are on.
+use crate::workload::lock;
+
+/// Shares of deliveries answered 500 and dropped while faults are on.
 pub const FAIL_RATE: f64 = 0.15;
-/// Share of deliveries dropped without an answer while faults are on.
 pub const DROP_RATE: f64 = 0.10;
 
 #[derive(Default)]
@@ -44,13 +42,6 @@ struct State {
 pub struct Receiver {
     pub url: String,
     state: Arc<State>,
-    accept: JoinHandle<()>,
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        self.accept.abort();
-    }
 }
 
 impl Receiver {
@@ -64,7 +55,7 @@ impl Receiver {
             tally: Mutex::new(Tally::default()),
         });
         let shared = state.clone();
-        let accept = tokio::spawn(async move {
+        tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
@@ -82,44 +73,28 @@ impl Receiver {
                 });
             }
         });
-        Ok(Self { url: format!("http://127.0.0.1:{port}/hooks"), state, accept })
+        Ok(Self { url: format!("http://127.0.0.1:{port}/hooks"), state })
     }
 
-    /// From now on, every delivery is accepted.
     pub fn stop_failing(&self) {
         self.state.failing.store(false, Ordering::SeqCst);
     }
 
-    /// Runs `f` on what was received so far.
-    pub fn with_tally<T>(&self, f: impl FnOnce(&Tally) -> T) -> T {
-        f(&self.state.tally.lock().unwrap_or_else(|p| p.into_inner()))
+    pub fn tally(&self) -> MutexGuard<'_, Tally> {
+        lock(&self.state.tally)
     }
 }
 
-/// Answers a delivery: 204, or while failing at random 500 or an error,
-/// which makes hyper close the connection without an answer.
-async fn handle(
-    state: &State,
-    request: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, std::io::Error> {
-    let id = request
-        .headers()
-        .get("webhook-id")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    let body = request.into_body().collect().await.map_err(std::io::Error::other)?.to_bytes();
-    let roll: f64 = if state.failing.load(Ordering::SeqCst) {
-        state.rng.lock().unwrap_or_else(|p| p.into_inner()).gen()
-    } else {
-        1.0
-    };
-    let mut tally = state.tally.lock().unwrap_or_else(|p| p.into_inner());
+/// 204, or while failing at random 500 or an error (hyper drops the connection).
+async fn handle(state: &State, request: Request<Incoming>) -> io::Result<Response<Full<Bytes>>> {
+    let id = request.headers().get("webhook-id").and_then(|v| v.to_str().ok());
+    let id = id.unwrap_or_default().to_owned();
+    let body = request.into_body().collect().await.map_err(io::Error::other)?.to_bytes();
+    let roll: f64 = if state.failing.load(Ordering::SeqCst) { lock(&state.rng).gen() } else { 1.0 };
+    let mut tally = lock(&state.tally);
     tally.arrived += 1;
-    let body_id = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|event| event["id"].as_str().map(str::to_owned));
-    if body_id.as_deref() != Some(id.as_str()) {
+    let event = serde_json::from_slice::<serde_json::Value>(&body).unwrap_or_default();
+    if event["id"].as_str() != Some(id.as_str()) {
         tally.mismatched.push(id.clone());
     }
     let mut response = Response::new(Full::new(Bytes::new()));
@@ -128,7 +103,7 @@ async fn handle(
         *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
     } else if roll < FAIL_RATE + DROP_RATE {
         tally.dropped += 1;
-        return Err(std::io::Error::other("dropped on purpose"));
+        return Err(io::Error::other("dropped on purpose"));
     } else {
         *tally.acknowledged.entry(id).or_default() += 1;
         *response.status_mut() = StatusCode::NO_CONTENT;

@@ -1,8 +1,5 @@
-//! What the run starts: the real `chargeonce` binary (through the test
-//! kit's `Chargeonce`) as three service instances, each reaching PostgreSQL
-//! through a fault proxy of its own, and as `psp-sim` with its faults on.
-//! Every process is a child of this one, killed when its [`Spawned`] is
-//! dropped; nothing outside is touched.
+//! The processes: `chargeonce` as service instances, each through its own
+//! fault proxy, and as `psp-sim`; each killed when its [`Spawned`] drops.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,17 +8,14 @@ use std::time::Duration;
 use anyhow::{bail, Context as _, Result};
 use chargeonce_testkit::{Chargeonce, Proxy, Server, SpawnOptions, Spawned};
 
-/// psp-sim's fault rates: together 22 % of processor calls.
+/// psp-sim's fault rates: 22 % of calls.
 pub const PSP_ERROR_RATE: f64 = 0.10;
 pub const PSP_LOST_RESPONSE_RATE: f64 = 0.06;
 pub const PSP_TIMEOUT_RATE: f64 = 0.06;
-/// How long a "timeout" answer hangs: past `processor.timeout_ms`.
+/// Past `processor.timeout_ms`.
 pub const PSP_HANG_MS: u64 = 3000;
 
-/// The service's settings for the run (environment variables), chosen so
-/// that whatever a fault leaves pending settles within seconds: short
-/// processor timeouts and lease, a fast recovery worker, webhook retries
-/// every few hundred milliseconds instead of minutes.
+/// Settings so that whatever a fault leaves pending settles within seconds.
 pub const SERVICE_SETTINGS: &[(&str, &str)] = &[
     ("CHARGEONCE__PROCESSOR__KIND", "http"),
     ("CHARGEONCE__PROCESSOR__TIMEOUT_MS", "1000"),
@@ -38,28 +32,18 @@ pub const SERVICE_SETTINGS: &[(&str, &str)] = &[
     ("CHARGEONCE__DEMO__ENABLED", "false"),
 ];
 
-/// Starts a process, waiting for `ready`; a start that fails is an error,
-/// so the caller can try again.
 pub async fn spawn(command: Command, ready: &'static str, log: PathBuf) -> Result<Spawned> {
     let options = SpawnOptions { log_file: Some(log), poll: Duration::from_millis(20) };
-    Spawned::try_start_with(command, ready, options)
-        .await
-        .map_err(|e| anyhow::anyhow!("the process did not start: {e}"))
+    let spawned = Spawned::try_start_with(command, ready, options).await;
+    spawned.map_err(|e| anyhow::anyhow!("the process did not start: {e}"))
 }
 
 pub async fn start_psp_sim(binary: &Chargeonce, dir: &Path, seed: u64) -> Result<Spawned> {
-    let command = binary.psp_sim_command(&[
-        "--error-rate",
-        &PSP_ERROR_RATE.to_string(),
-        "--lost-response-rate",
-        &PSP_LOST_RESPONSE_RATE.to_string(),
-        "--timeout-rate",
-        &PSP_TIMEOUT_RATE.to_string(),
-        "--hang-ms",
-        &PSP_HANG_MS.to_string(),
-        "--seed",
-        &seed.to_string(),
-    ]);
+    let args = format!(
+        "--error-rate {PSP_ERROR_RATE} --lost-response-rate {PSP_LOST_RESPONSE_RATE} \
+         --timeout-rate {PSP_TIMEOUT_RATE} --hang-ms {PSP_HANG_MS} --seed {seed}"
+    );
+    let command = binary.psp_sim_command(&args.split_whitespace().collect::<Vec<_>>());
     spawn(command, "/healthz", dir.join("psp-sim.log")).await
 }
 
@@ -68,9 +52,8 @@ const WORKER_OF: &str = "SELECT n.nodeport FROM merchants m \
     JOIN pg_dist_placement p ON p.shardid = get_shard_id_for_distribution_column('charges', m.id) \
     JOIN pg_dist_node n ON n.groupid = p.groupid WHERE m.name = $1";
 
-/// The merchants, each one's secret and whether its shards are on the
-/// first worker (the one stopped): one merchant, or on Citus new ones
-/// until each worker has two (a merchant's shard follows from its id).
+/// Each merchant's secret and whether its shards are on the worker that
+/// stops: one, or on Citus until each worker has two.
 pub async fn create_merchants(
     binary: &Chargeonce,
     db: &tokio_postgres::Client,
@@ -97,9 +80,7 @@ pub async fn create_merchants(
     Ok(merchants)
 }
 
-/// One service instance: its fixed HTTP port (kept across restarts, so the
-/// clients keep their addresses), its proxy to PostgreSQL, the process
-/// while it runs.
+/// One service instance; its port is kept across restarts.
 pub struct Instance {
     pub index: usize,
     pub port: u16,
@@ -145,9 +126,7 @@ impl Instance {
         command
     }
 
-    /// Starts the process and waits until `/readyz` answers 200; up to
-    /// `tries` times (a start can fail while PostgreSQL restarts). Returns
-    /// how many starts failed.
+    /// Up to `tries` starts (PostgreSQL may be restarting); how many failed.
     pub async fn start(&mut self, tries: usize) -> Result<usize> {
         let log = self.dir.join(format!("instance-{}.log", self.index));
         let mut failed = 0;
@@ -157,27 +136,21 @@ impl Instance {
                     self.process = Some(process);
                     return Ok(failed);
                 }
-                Err(error) => {
-                    failed += 1;
-                    if failed >= tries {
-                        return Err(error.context(format!(
-                            "instance {} did not start {tries} times; its log: {}",
-                            self.index,
-                            log.display()
-                        )));
-                    }
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                Err(error) if failed + 1 >= tries => {
+                    let (index, log) = (self.index, log.display());
+                    let context =
+                        format!("instance {index} did not start {tries} times; its log: {log}");
+                    return Err(error.context(context));
                 }
+                Err(_) => failed += 1,
             }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
 
-    /// SIGKILL, then reaps the process.
     pub fn kill(&mut self) {
         if let Some(process) = self.process.take() {
             process.signal(chargeonce_testkit::Signal::SIGKILL);
-            // Dropping reaps it.
-            drop(process);
         }
     }
 }

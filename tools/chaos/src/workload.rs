@@ -1,17 +1,7 @@
-//! The customers: concurrent clients using `chargeonce-client`, each
-//! attempt to the next instance in turn (round-robin), making charges and
-//! refunds. Every logical operation has one idempotency key, made once and
-//! sent with the same body on every attempt, whichever instance it goes to.
-//! The client runs with `RetryPolicy::no_retries()` and the retry loop is
-//! here, so every answer's status is seen and recorded.
-//!
-//! Scenarios, drawn at random:
-//! - a charge;
-//! - a burst: one key sent at the same moment to every instance, each
-//!   sender retrying until final (every final answer must name one charge);
-//! - a refund race: a charge, then concurrent refunds of it with different
-//!   keys, each of 45 % of it, one per instance (at most two can have the
-//!   money).
+//! The customers: `chargeonce-client` without retries (the loop is here, so
+//! every status is seen), each attempt to the next instance, one key and body
+//! per operation. At random: a charge, a burst (one key to every instance at
+//! once) or a refund race (RELIABILITY.md).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,21 +12,14 @@ use chargeonce_client::{Client, Error, IdempotencyKey, NewCharge, NewRefund, Ret
 use rand::Rng;
 use tokio::task::JoinSet;
 
-/// The bound on one attempt: past `database.query_timeout_ms` +
-/// `connect_timeout_ms`, so a stalled database gives 503, not a timeout.
+/// Past the service's query + connect timeouts: a stalled database is a 503.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(6);
-/// How long a customer keeps at one operation while faults run before
-/// leaving it; it also leaves it when the faults stop. A left operation is
-/// resumed, with its key, once faults stopped.
+/// A customer's patience per operation; the rest is resumed after the faults.
 const PATIENCE: Duration = Duration::from_secs(20);
+/// How long a 503 is excused after the faults (a connection opened in a
+/// partition may still time out).
+const GRACE: Duration = Duration::from_secs(10);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Charge,
-    Refund,
-}
-
-/// What a logical operation ended as, from the client's side.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// 201 or 402: the object's id and final status.
@@ -45,33 +28,16 @@ pub enum Outcome {
     Refused(String),
 }
 
-/// One logical operation: its key and request, for resuming it.
 #[derive(Debug, Clone)]
 pub struct Operation {
-    pub kind: Kind,
+    /// "charge" or "refund".
+    pub kind: &'static str,
     /// Whose: an index into the merchants.
-    merchant: usize,
+    pub merchant: usize,
     pub key: IdempotencyKey,
-    charge: NewCharge,
-    /// For a refund: the charge and the request.
-    refund: Option<(String, NewRefund)>,
-    /// A burst: sent by several senders at once.
+    pub charge: NewCharge,
+    pub refund: Option<(String, NewRefund)>,
     pub burst: bool,
-}
-
-#[cfg(test)]
-impl Operation {
-    /// A charge or refund operation under `key`, for the checks' tests.
-    pub fn for_test(kind: Kind, key: &str) -> Self {
-        Self {
-            kind,
-            merchant: 0,
-            key: IdempotencyKey::from(key),
-            charge: NewCharge::new(1000, "USD"),
-            refund: None,
-            burst: false,
-        }
-    }
 }
 
 #[derive(Debug, Default)]
@@ -81,31 +47,30 @@ pub struct Record {
     pub outcomes: Vec<Outcome>,
 }
 
-/// What every customer shares: the clients, the round-robin counter, and
-/// everything seen.
 pub struct Shared {
     /// Per merchant, one client per instance.
     clients: Vec<Vec<Client>>,
-    /// Per merchant: whether its shards are on the worker stopped during
-    /// the run (Citus).
+    /// Per merchant: whether it is on the worker that stops (Citus).
     on_stopped_worker: Vec<bool>,
     next: AtomicUsize,
-    /// Answers by status ("201", …, "no answer"), all phases.
-    pub statuses: Mutex<BTreeMap<String, u64>>,
-    /// Answers that break the documented contract, with key and instance.
-    pub bad_answers: Mutex<Vec<String>>,
-    /// Operations by key.
-    pub records: Mutex<HashMap<String, Record>>,
-    /// Set once faults stopped; 503 is expected only before this plus the
-    /// grace.
-    pub calm_since: Mutex<Option<Instant>>,
-    pub attempts: AtomicUsize,
-    pub refund_races: AtomicUsize,
-    pub outage: Mutex<Outage>,
+    pub seen: Mutex<Seen>,
 }
 
-/// The answers while a worker is down (Citus), of attempts that began
-/// after it stopped and ended before it started again.
+#[derive(Default)]
+pub struct Seen {
+    /// Answers by status ("201", …, "no answer").
+    pub statuses: BTreeMap<String, u64>,
+    /// Answers that break the documented contract, with key and instance.
+    pub bad_answers: Vec<String>,
+    pub records: HashMap<String, Record>,
+    /// When the faults stopped: 503 is excused until [`GRACE`] after.
+    pub calm_since: Option<Instant>,
+    pub attempts: usize,
+    pub refund_races: usize,
+    pub outage: Outage,
+}
+
+/// Answers to attempts begun while a Citus worker was down.
 #[derive(Debug, Default)]
 pub struct Outage {
     pub since: Option<Instant>,
@@ -113,45 +78,20 @@ pub struct Outage {
     pub answers: [BTreeMap<String, u64>; 2],
 }
 
-/// After faults stop, how long a 503 is still excused (a connection the
-/// pool opened during a partition may still be timing out).
-pub const GRACE: Duration = Duration::from_secs(10);
-
-/// What one attempt told.
-enum Step {
-    Final(Outcome),
-    Retry,
-}
-
 impl Shared {
-    /// `merchants`: each one's secret and whether it is on the worker
-    /// that is stopped.
     pub fn new(urls: &[String], merchants: &[(String, bool)]) -> anyhow::Result<Self> {
+        let client = |url: &String, secret| {
+            Client::builder(url.clone(), secret)
+                .request_timeout(ATTEMPT_TIMEOUT)
+                .connect_timeout(Duration::from_secs(2))
+                .retry_policy(RetryPolicy::no_retries())
+                .build()
+        };
         let clients = (merchants.iter())
-            .map(|(secret, _)| {
-                (urls.iter())
-                    .map(|url| {
-                        Client::builder(url.clone(), secret)
-                            .request_timeout(ATTEMPT_TIMEOUT)
-                            .connect_timeout(Duration::from_secs(2))
-                            .retry_policy(RetryPolicy::no_retries())
-                            .build()
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self {
-            clients,
-            on_stopped_worker: merchants.iter().map(|(_, stopped)| *stopped).collect(),
-            next: AtomicUsize::new(0),
-            statuses: Mutex::default(),
-            bad_answers: Mutex::default(),
-            records: Mutex::default(),
-            calm_since: Mutex::default(),
-            attempts: AtomicUsize::new(0),
-            refund_races: AtomicUsize::new(0),
-            outage: Mutex::default(),
-        })
+            .map(|(secret, _)| urls.iter().map(|url| client(url, secret)).collect())
+            .collect::<Result<_, _>>()?;
+        let on_stopped_worker = merchants.iter().map(|(_, stopped)| *stopped).collect();
+        Ok(Self { clients, on_stopped_worker, next: AtomicUsize::new(0), seen: Mutex::default() })
     }
 
     fn instances(&self) -> usize {
@@ -162,140 +102,104 @@ impl Shared {
         self.next.fetch_add(1, Ordering::Relaxed) % self.instances()
     }
 
-    /// An answer to an attempt of `merchant`'s begun at `began`.
     fn count(&self, status: &str, merchant: usize, began: Instant) {
-        *lock(&self.statuses).entry(status.to_owned()).or_default() += 1;
-        let mut outage = lock(&self.outage);
-        if outage.since.is_some_and(|since| since <= began) {
+        let mut seen = lock(&self.seen);
+        *seen.statuses.entry(status.to_owned()).or_default() += 1;
+        if seen.outage.since.is_some_and(|since| since <= began) {
             let side = usize::from(!self.on_stopped_worker[merchant]);
-            *outage.answers[side].entry(status.to_owned()).or_default() += 1;
+            *seen.outage.answers[side].entry(status.to_owned()).or_default() += 1;
         }
     }
 
     fn register(&self, operation: &Operation) {
-        lock(&self.records).entry(operation.key.as_str().to_owned()).or_default().operation =
-            Some(operation.clone());
+        let key = operation.key.as_str().to_owned();
+        lock(&self.seen).records.entry(key).or_default().operation = Some(operation.clone());
     }
 
-    fn finish(&self, key: &IdempotencyKey, outcome: Outcome) {
-        lock(&self.records).entry(key.as_str().to_owned()).or_default().outcomes.push(outcome);
-    }
-
-    /// One attempt of `operation` on instance `instance`.
-    async fn attempt(&self, operation: &Operation, instance: usize) -> Step {
-        self.attempts.fetch_add(1, Ordering::Relaxed);
-        let began = Instant::now();
+    /// One attempt: its final outcome, or None to try again.
+    async fn attempt(&self, operation: &Operation, instance: usize) -> Option<Outcome> {
+        lock(&self.seen).attempts += 1;
+        let (began, key) = (Instant::now(), operation.key.clone());
         let client = &self.clients[operation.merchant][instance];
         let result = match &operation.refund {
-            None => client
-                .charge_operation_with_key(&operation.charge, operation.key.clone())
-                .send()
-                .await
-                .map(|charge| Outcome::Final { id: charge.id, status: "succeeded" }),
-            Some((charge_id, refund)) => client
-                .refund_operation_with_key(charge_id, refund, operation.key.clone())
-                .send()
-                .await
-                .map(|refund| Outcome::Final { id: refund.id, status: "succeeded" }),
-        };
-        let error = match result {
-            Ok(outcome) => {
-                self.count("201", operation.merchant, began);
-                return Step::Final(outcome);
+            None => {
+                client.charge_operation_with_key(&operation.charge, key).send().await.map(|c| c.id)
             }
-            Err(error) => error,
+            Some((charge, refund)) => {
+                client.refund_operation_with_key(charge, refund, key).send().await.map(|r| r.id)
+            }
         };
-        let status = error.status().map(|s| s.as_u16());
-        let answer = status.map_or_else(|| "no answer".to_owned(), |s| s.to_string());
+        let status = result.as_ref().err().map(|error| error.status().map(|s| s.as_u16()));
+        let answer = match status {
+            None => "201".to_owned(),
+            Some(status) => status.map_or_else(|| "no answer".to_owned(), |s| s.to_string()),
+        };
         self.count(&answer, operation.merchant, began);
-        let key = operation.key.as_str();
-        match (&error, status) {
-            (Error::Declined { charge, .. }, _) => {
-                Step::Final(Outcome::Final { id: charge.id.clone(), status: "failed" })
+        let (key, bad) =
+            (operation.key.as_str(), |answer| lock(&self.seen).bad_answers.push(answer));
+        let failed = |id| Some(Outcome::Final { id, status: "failed" });
+        match (result, status.flatten()) {
+            (Ok(id), _) => Some(Outcome::Final { id, status: "succeeded" }),
+            (Err(Error::Declined { charge, .. }), _) => failed(charge.id),
+            (Err(Error::RefundDeclined { refund, .. }), _) => failed(refund.id),
+            (Err(Error::RefundExceedsCharge { .. }), _) => {
+                Some(Outcome::Refused("refund_exceeds_charge".to_owned()))
             }
-            (Error::RefundDeclined { refund, .. }, _) => {
-                Step::Final(Outcome::Final { id: refund.id.clone(), status: "failed" })
-            }
-            (Error::RefundExceedsCharge { .. }, _) => {
-                Step::Final(Outcome::Refused("refund_exceeds_charge".to_owned()))
-            }
-            (_, None | Some(202 | 409)) => Step::Retry,
-            (_, Some(503)) => {
+            (Err(_), None | Some(202 | 409)) => None,
+            (Err(error), Some(503)) => {
                 if matches!(error, Error::Api { retry_after: None, .. }) {
-                    lock(&self.bad_answers).push(format!("503 without Retry-After for key {key}"));
+                    bad(format!("503 without Retry-After for key {key}"));
                 }
-                let calm = *lock(&self.calm_since);
-                if calm.is_some_and(|since| since.elapsed() > GRACE) {
-                    lock(&self.bad_answers).push(format!(
-                        "503 after faults stopped: key {key} on instance {instance}"
-                    ));
+                if lock(&self.seen).calm_since.is_some_and(|since| since.elapsed() > GRACE) {
+                    bad(format!("503 after faults stopped: key {key} on instance {instance}"));
                 }
-                Step::Retry
+                None
             }
-            (_, Some(other)) => {
-                lock(&self.bad_answers)
-                    .push(format!("{other} for key {key} on instance {instance}: {error}"));
+            (Err(error), Some(other)) => {
+                bad(format!("{other} for key {key} on instance {instance}: {error}"));
                 // A 500 may be passing; the key is resumed like any other.
-                Step::Retry
+                None
             }
         }
     }
 
-    /// Sends `operation` until a final answer, or until `deadline` passed,
-    /// starting at instance `first` and going round-robin. The final answer
-    /// is recorded; `false` if there was none.
+    /// Attempts round-robin from `first`, with jittered backoff, until a final
+    /// answer (recorded) or `deadline`; whether it got one.
     async fn drive(&self, operation: &Operation, first: usize, deadline: Instant) -> bool {
-        let mut instance = first;
-        let mut pause = Duration::from_millis(50);
+        let (mut instance, mut pause) = (first, 50);
         loop {
-            if let Step::Final(outcome) = self.attempt(operation, instance).await {
-                self.finish(&operation.key, outcome);
+            if let Some(outcome) = self.attempt(operation, instance).await {
+                let key = operation.key.as_str().to_owned();
+                lock(&self.seen).records.entry(key).or_default().outcomes.push(outcome);
                 return true;
             }
             if Instant::now() > deadline {
                 return false;
             }
-            tokio::time::sleep(jitter(pause)).await;
-            pause = (pause * 2).min(Duration::from_millis(800));
+            let jitter = rand::thread_rng().gen_range(pause / 2..=pause);
+            tokio::time::sleep(Duration::from_millis(jitter)).await;
+            pause = (pause * 2).min(800);
             instance = (instance + 1) % self.instances();
         }
     }
 
-    /// The operations without a final answer yet.
     pub fn unfinished(&self) -> Vec<Operation> {
-        lock(&self.records)
-            .values()
+        (lock(&self.seen).records.values())
             .filter(|record| record.outcomes.is_empty())
             .filter_map(|record| record.operation.clone())
             .collect()
     }
 
-    /// Resumes every unfinished operation with its key, all at once, each
-    /// until `deadline`.
     pub async fn resume_unfinished(self: &Arc<Self>, deadline: Instant) {
-        let mut tasks = JoinSet::new();
-        for operation in self.unfinished() {
-            let shared = self.clone();
-            tasks.spawn(async move {
-                let first = shared.next_instance();
-                shared.drive(&operation, first, deadline).await;
-            });
-        }
-        while tasks.join_next().await.is_some() {}
+        let operations = self.unfinished().into_iter().map(|op| (self.next_instance(), op));
+        send_all(self, operations, deadline).await;
     }
-}
-
-/// Up to `pause`, at random (full jitter).
-fn jitter(pause: Duration) -> Duration {
-    let millis = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX);
-    Duration::from_millis(rand::thread_rng().gen_range(millis / 2..=millis))
 }
 
 pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// One customer of `merchant`: scenarios until `until`.
 pub async fn customer(shared: Arc<Shared>, merchant: usize, until: Instant) {
     while Instant::now() < until {
         let (roll, amount): (f64, i64) = {
@@ -305,26 +209,25 @@ pub async fn customer(shared: Arc<Shared>, merchant: usize, until: Instant) {
         let operation = charge_operation(amount, merchant, (0.55..0.75).contains(&roll));
         shared.register(&operation);
         if operation.burst {
-            burst(&shared, &operation, until).await;
+            let senders = (0..shared.instances()).map(|instance| (instance, operation.clone()));
+            send_all(&shared, senders, deadline(until)).await;
         } else if roll < 0.55 {
             let first = shared.next_instance();
             shared.drive(&operation, first, deadline(until)).await;
         } else {
-            shared.refund_races.fetch_add(1, Ordering::Relaxed);
+            lock(&shared.seen).refund_races += 1;
             refund_race(&shared, &operation, until).await;
         }
     }
 }
 
-/// An operation's deadline while faults run: its patience, at most until
-/// the faults stop.
 fn deadline(until: Instant) -> Instant {
     (Instant::now() + PATIENCE).min(until)
 }
 
-fn charge_operation(amount: i64, merchant: usize, burst: bool) -> Operation {
+pub fn charge_operation(amount: i64, merchant: usize, burst: bool) -> Operation {
     Operation {
-        kind: Kind::Charge,
+        kind: "charge",
         merchant,
         key: IdempotencyKey::new(),
         charge: NewCharge::new(amount, "USD").description("chaos"),
@@ -333,45 +236,42 @@ fn charge_operation(amount: i64, merchant: usize, burst: bool) -> Operation {
     }
 }
 
-/// One key, sent to every instance at the same moment.
-async fn burst(shared: &Arc<Shared>, operation: &Operation, until: Instant) {
+async fn send_all(
+    shared: &Arc<Shared>,
+    operations: impl Iterator<Item = (usize, Operation)>,
+    deadline: Instant,
+) {
     let mut senders = JoinSet::new();
-    for instance in 0..shared.instances() {
+    for (instance, operation) in operations {
         let shared = shared.clone();
-        let operation = operation.clone();
-        senders.spawn(async move { shared.drive(&operation, instance, deadline(until)).await });
+        senders.spawn(async move { shared.drive(&operation, instance, deadline).await });
     }
     while senders.join_next().await.is_some() {}
 }
 
-/// A charge, then one refund per instance, concurrently, with different
-/// keys, each of 45 % of the charge.
+/// A charge, then at once one refund of 45 % of it per instance, each its own key.
 async fn refund_race(shared: &Arc<Shared>, operation: &Operation, until: Instant) {
     let first = shared.next_instance();
     if !shared.drive(operation, first, deadline(until)).await {
         return;
     }
     let charge_id = {
-        let records = lock(&shared.records);
-        match records.get(operation.key.as_str()).and_then(|r| r.outcomes.first()) {
+        let seen = lock(&shared.seen);
+        match seen.records.get(operation.key.as_str()).and_then(|r| r.outcomes.first()) {
             Some(Outcome::Final { id, status: "succeeded" }) => id.clone(),
             _ => return,
         }
     };
     let amount = operation.charge.amount * 45 / 100;
-    let mut refunds = JoinSet::new();
-    for instance in 0..shared.instances() {
+    let refunds = (0..shared.instances()).map(|instance| {
         let refund = Operation {
-            kind: Kind::Refund,
-            merchant: operation.merchant,
+            kind: "refund",
             key: IdempotencyKey::new(),
-            charge: operation.charge.clone(),
             refund: Some((charge_id.clone(), NewRefund::new().amount(amount))),
-            burst: false,
+            ..operation.clone()
         };
         shared.register(&refund);
-        let shared = shared.clone();
-        refunds.spawn(async move { shared.drive(&refund, instance, deadline(until)).await });
-    }
-    while refunds.join_next().await.is_some() {}
+        (instance, refund)
+    });
+    send_all(shared, refunds, deadline(until)).await;
 }

@@ -1,14 +1,6 @@
-//! What the service asks PostgreSQL per request, read back from
-//! pg_stat_statements, and the check that it is exactly what the pgbench
-//! scripts run.
-//!
-//! The scripts are built from the constants of `chargeonce::db` (see
-//! `script`). The capture proves they match the service: every statement the
-//! service executed must be one of `db::ALL_STATEMENTS`, and the ones it
-//! executes (about) once per request must be exactly the ones the script for
-//! that flow runs. When the request path changes, the benchmark stops with
-//! the statement's text instead of comparing against the wrong SQL. The
-//! capture also gives the round trips per request, background included.
+//! What the service asks PostgreSQL per request (pg_stat_statements): every
+//! statement a constant of `db::ALL_STATEMENTS`, those run per request the
+//! script's, so a changed request path stops the benchmark. Also round trips.
 
 use std::sync::LazyLock;
 
@@ -16,21 +8,19 @@ use anyhow::{bail, Context as _, Result};
 use chargeonce::db;
 use regex::Regex;
 
+use crate::bench::ServiceBinary;
 use crate::database::BenchDatabase;
 use crate::http::Api;
 use crate::scenario::send_all;
-use crate::service::ServiceBinary;
 
-/// A statement that runs at least this often per request is part of the
-/// request path; rarer ones (a cached lookup, the background workers) are
-/// only counted as round trips.
+/// At least this often per request: on the request path (rarer ones, a
+/// cached lookup or a worker's, only count as round trips).
 const PER_REQUEST: f64 = 0.5;
-/// The webhook dispatcher's, once per request when they come one at a time;
-/// it fans out the own-SQL script's events too, so not part of that script.
+/// The dispatcher's, once per lone request; it fans out the script's events too.
 const BACKGROUND: &[&str] = &["events::FAN_OUT"];
+/// What [`identify`] calls BEGIN, COMMIT and ROLLBACK: round trips only.
+const TRANSACTION_CONTROL: &str = "Conn::transaction";
 
-/// One statement as pg_stat_statements recorded it, and the name of the
-/// `db::ALL_STATEMENTS` constant it is, if any.
 pub struct Seen {
     pub text: String,
     pub calls: i64,
@@ -63,8 +53,7 @@ impl Captured {
         self.statements.iter().map(|s| s.calls).sum::<i64>() as f64 / self.requests as f64
     }
 
-    /// Fails unless every statement seen is known and the ones run per
-    /// request are `expected` (constant names, a name once per execution).
+    /// Fails unless every statement is known and those per request `expected`.
     pub fn require_same_as(&self, expected: &[&str], flow: &str) -> Result<()> {
         let unknown: Vec<String> = (self.statements.iter())
             .filter(|seen| seen.constant.is_none())
@@ -81,15 +70,13 @@ impl Captured {
             );
         }
         let mut seen: Vec<&str> = Vec::new();
-        // BEGIN and COMMIT (one per outcome, or per batch of them) are
-        // round trips, not statements of a script.
-        let background = |s: &Seen| s.constant.is_some_and(|c| BACKGROUND.contains(&c));
-        let control = |s: &Seen| s.constant == Some(TRANSACTION_CONTROL);
-        let per_request =
-            |s: &&Seen| self.per_request(s) >= PER_REQUEST && !background(s) && !control(s);
-        for statement in self.statements.iter().filter(per_request) {
-            let copies = (self.per_request(statement).round() as usize).max(1);
-            seen.extend(std::iter::repeat_n(statement.constant.unwrap_or_default(), copies));
+        for statement in &self.statements {
+            let constant = statement.constant.unwrap_or_default();
+            let scripted = !BACKGROUND.contains(&constant) && constant != TRANSACTION_CONTROL;
+            if scripted && self.per_request(statement) >= PER_REQUEST {
+                let copies = (self.per_request(statement).round() as usize).max(1);
+                seen.extend(std::iter::repeat_n(constant, copies));
+            }
         }
         let mut expected = expected.to_vec();
         seen.sort_unstable();
@@ -108,11 +95,7 @@ impl Captured {
     }
 }
 
-/// Starts a service, resets pg_stat_statements, sends each key once in
-/// sequence on one connection, and returns what the database executed
-/// meanwhile, without the statements about pg_stat_statements (ours). Each
-/// capture has a fresh service so that its statements are all prepared
-/// after the reset (stored normalised; [`shape`] matches either way).
+/// What the database ran while a fresh service handled each key in turn.
 pub async fn capture(
     binary: &ServiceBinary,
     database: &BenchDatabase,
@@ -122,9 +105,8 @@ pub async fn capture(
     let service = binary.start(&database.url).await;
     let api = Api::new(service.port, api_key)?;
     let db = &database.client;
-    db.batch_execute("SELECT pg_stat_statements_reset()")
-        .await
-        .context("resetting pg_stat_statements")?;
+    let reset = db.batch_execute("SELECT pg_stat_statements_reset()").await;
+    reset.context("resetting pg_stat_statements")?;
     send_all(&api, 1, keys).await?.require_success("the captured requests")?;
     let rows = db
         .query(
@@ -136,15 +118,9 @@ pub async fn capture(
         )
         .await
         .context("reading pg_stat_statements")?;
-    let rows = rows.iter().map(|row| (row.get(0), row.get(1))).collect();
-    Ok(Captured::new(rows, keys.len()))
+    Ok(Captured::new(rows.iter().map(|row| (row.get(0), row.get(1))).collect(), keys.len()))
 }
 
-/// What [`identify`] calls BEGIN, COMMIT and ROLLBACK.
-const TRANSACTION_CONTROL: &str = "Conn::transaction";
-
-/// The known constant a captured text is. The outcomes are transactions
-/// (`db::Conn::transaction`): their BEGIN and COMMIT are known.
 fn identify(text: &str) -> Option<&'static str> {
     let captured = shape(text);
     if ["BEGIN", "COMMIT", "ROLLBACK"].contains(&captured.as_str()) {
@@ -154,11 +130,8 @@ fn identify(text: &str) -> Option<&'static str> {
     known.find(|(_, statement)| shape(statement.sql) == captured).map(|(name, _)| *name)
 }
 
-/// The text with every value slot (a `$n` parameter, a string or number
-/// literal, TRUE, FALSE, NULL) as `?`, whitespace collapsed, quoted
-/// identifiers kept. pg_stat_statements stores a statement with its
-/// literals replaced by further `$n`, so a captured text and the constant
-/// it came from have the same shape, and two different statements do not.
+/// Every value slot (`$n`, literals, TRUE, FALSE, NULL) as `?`, whitespace
+/// collapsed: pg_stat_statements stores literals as `$n`.
 pub fn shape(sql: &str) -> String {
     static SLOT: LazyLock<Regex> = LazyLock::new(|| {
         Regex::new(

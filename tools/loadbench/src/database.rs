@@ -1,9 +1,4 @@
-//! The bench database: a fresh, empty database made by the test kit on the
-//! server the benchmark is given (dropped at the end, a crashed run's
-//! leftovers swept by the kit), with pg_stat_statements, the service's
-//! schema (migrated by the binary itself) and the floor's table. Also what
-//! the report says about the server, the quiet start of each run and the
-//! WAL each run wrote.
+//! The bench database, the floor's table, each run's quiet start and WAL.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -14,33 +9,26 @@ use tokio_postgres::{Client, NoTls};
 
 use crate::{say, script};
 
+/// Longest wait for the service's outbox to empty before a run.
+const SETTLE_LIMIT: Duration = Duration::from_secs(180);
+
 pub async fn connect(url: &str) -> Result<Client> {
     let (client, connection) = tokio_postgres::connect(url, NoTls)
         .await
         .with_context(|| format!("cannot connect to {}", redact(url)))?;
-    // A lost connection shows in the next query's error.
     tokio::spawn(connection);
     Ok(client)
 }
 
 pub struct BenchDatabase {
-    /// Dropped with this value.
     database: TestDatabase,
     pub url: String,
-    /// A connection to the bench database.
     pub client: Client,
-    /// A connection to the server's admin database (CHECKPOINT).
+    /// To the admin database (CHECKPOINT).
     pub admin: Client,
-    /// pg_walinspect is installed: the WAL's full-page images are counted.
+    /// pg_walinspect is there: full-page images are counted.
     walinspect: bool,
-}
-
-/// Where the numbers were taken.
-pub struct Machine {
-    pub cores: usize,
-    pub cpu: String,
-    pub postgres: String,
-    pub settings: String,
+    warned: Cell<bool>,
 }
 
 impl BenchDatabase {
@@ -59,53 +47,44 @@ impl BenchDatabase {
                 "pg_stat_statements is not usable on this server; it must be in \
                  shared_preload_libraries (scripts/bench's own cluster has it)",
             )?;
-        // Optional: without it the report gives WAL bytes but no FPI share.
         let walinspect =
             client.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect").await.is_ok();
-        Ok(Self { url: database.url.clone(), database, client, admin, walinspect })
+        let warned = Cell::new(false);
+        Ok(Self { url: database.url.clone(), database, client, admin, walinspect, warned })
     }
 
-    /// Drops the database (its connections are ended first).
     pub fn close(self) {
         let name = self.database.name.clone();
         drop(self.database);
         say(format!("dropped the database {name}"));
     }
 
-    /// The floor's table, with `pool_size` rows for its lookups.
     pub async fn create_floor(&self, pool_size: usize) -> Result<()> {
         let sql = format!("{}{}", script::FLOOR_TABLE, script::floor_rows(pool_size));
         self.client.batch_execute(&sql).await.context("creating the floor's table")
     }
 
-    pub async fn machine(&self) -> Result<Machine> {
-        let mut settings = Vec::new();
-        let names = "server_version fsync synchronous_commit shared_buffers max_connections \
-                     max_wal_size checkpoint_timeout wal_compression";
-        for name in names.split_whitespace() {
-            let row = self.client.query_one(&format!("SHOW {name}"), &[]).await.context("SHOW")?;
-            settings.push(format!("{name}={}", row.get::<_, String>(0)));
-        }
-        let postgres = settings.remove(0).replace("server_version=", "");
+    pub async fn machine(&self) -> Result<String> {
+        let sql = "SELECT current_setting('server_version'), \
+                   string_agg(name || '=' || current_setting(name), ', ' ORDER BY i) \
+              FROM unnest('{fsync,synchronous_commit,shared_buffers,max_connections,\
+                   max_wal_size,checkpoint_timeout,wal_compression}'::text[]) \
+                   WITH ORDINALITY AS settings(name, i)";
+        let row = self.client.query_one(sql, &[]).await.context("the server's settings")?;
+        let (postgres, settings): (String, String) = (row.get(0), row.get(1));
         let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let model = info.lines().find_map(|line| line.strip_prefix("model name"));
-        Ok(Machine {
-            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            cpu: model.and_then(|m| m.split_once(':')).map_or("unknown CPU", |m| m.1.trim()).into(),
-            postgres,
-            settings: settings.join(", "),
-        })
+        let cpu = model.and_then(|m| m.split_once(':')).map_or("unknown CPU", |m| m.1.trim());
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Ok(format!("{cores} cores (nproc), {cpu}; PostgreSQL {postgres} ({settings})"))
     }
 
-    /// Where the WAL ends now (flushed), to measure from.
     pub async fn wal_mark(&self) -> Result<String> {
         let row = self.client.query_one("SELECT pg_current_wal_flush_lsn()::text", &[]).await;
         Ok(row.context("pg_current_wal_flush_lsn()")?.get(0))
     }
 
-    /// The WAL written since `mark`, for `requests` requests: the cluster's,
-    /// from the LSNs (pg_stat_wal lags by what idle backends have not
-    /// reported yet).
+    /// The WAL since `mark`, from LSNs (pg_stat_wal lags behind idle backends).
     pub async fn wal_since(&self, mark: &str, requests: u64) -> Result<Wal> {
         let (lsn, db) = ("$1::text::pg_lsn", &self.client);
         let sql = format!("SELECT pg_wal_lsn_diff(pg_current_wal_flush_lsn(), {lsn})::float8");
@@ -114,21 +93,57 @@ impl BenchDatabase {
             "SELECT sum(fpi_size)::float8, sum(combined_size)::float8 \
                FROM pg_get_wal_stats({lsn}, pg_current_wal_flush_lsn())"
         );
-        // It fails once checkpoints have removed the segments (long runs).
+        // Fails once checkpoints removed the segments (long runs).
         let fpi = match self.walinspect && bytes > 0.0 {
             true => db.query_one(&sql, &[&mark]).await.ok().map(|row| (row.get(0), row.get(1))),
             false => None,
         };
         Ok(Wal { bytes, fpi, requests })
     }
+
+    /// Each run starts once every event so far was fanned out, then from a
+    /// CHECKPOINT (superuser only, else one warning), so no run pays for the
+    /// one before. Where the WAL ends then.
+    pub async fn checkpoint(&self) -> Result<String> {
+        self.settle().await?;
+        if let Err(error) = self.admin.batch_execute("CHECKPOINT").await {
+            if !self.warned.replace(true) {
+                say(format!(
+                    "warning: CHECKPOINT failed ({error}); runs are not aligned on checkpoints"
+                ));
+            }
+        }
+        self.wal_mark().await
+    }
+
+    /// The WAL since `mark` once the outbox is empty: with the fan-out.
+    pub async fn settled_wal_since(&self, mark: &str, requests: u64) -> Result<Wal> {
+        self.settle().await?;
+        self.wal_since(mark, requests).await
+    }
+
+    async fn settle(&self) -> Result<()> {
+        let started = Instant::now();
+        let waiting = "SELECT EXISTS (SELECT 1 FROM event_queue)";
+        while self.client.query_one(waiting, &[]).await.context("the outbox (event_queue)")?.get(0)
+        {
+            ensure!(
+                started.elapsed() < SETTLE_LIMIT,
+                "the service's webhook dispatcher did not empty its outbox within {} s",
+                SETTLE_LIMIT.as_secs()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
 }
 
-/// WAL a measured phase wrote (added up over rounds) and the requests, or
-/// pgbench script runs, it served, warm-ups included.
+/// WAL a phase wrote and the requests or script runs it served, warm-ups
+/// included.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Wal {
     pub bytes: f64,
-    /// Bytes of full-page images and of all records (pg_walinspect).
+    /// Bytes of full-page images and of all records.
     pub fpi: Option<(f64, f64)>,
     pub requests: u64,
 }
@@ -144,71 +159,7 @@ impl Wal {
         (self.requests > 0).then(|| self.bytes / self.requests as f64)
     }
 
-    /// The share of the WAL's record bytes that are full-page images.
     pub fn fpi_share(&self) -> Option<f64> {
         self.fpi.filter(|(_, all)| *all > 0.0).map(|(fpi, all)| fpi / all)
-    }
-}
-
-/// Longest wait for the service's outbox to empty before a run.
-const SETTLE_LIMIT: Duration = Duration::from_secs(180);
-
-/// Before each measured run: the service's webhook dispatcher has fanned out
-/// every event written so far, then a CHECKPOINT, so that no run pays for
-/// the previous one's leftovers (the own-SQL pgbench writes the service's
-/// events too, and the service fans them out; the floor's pgbench would
-/// share the machine with the dispatcher). The CHECKPOINT needs superuser
-/// (or pg_checkpoint); without it the runs go on unaligned, with one warning.
-pub struct Checkpointer<'a> {
-    database: &'a BenchDatabase,
-    warned: Cell<bool>,
-}
-
-impl<'a> Checkpointer<'a> {
-    pub fn new(database: &'a BenchDatabase) -> Self {
-        Self { database, warned: Cell::new(false) }
-    }
-
-    /// Waits for the outbox to empty, then checkpoints; where the WAL ends
-    /// then, to measure the next phase from.
-    pub async fn run(&self) -> Result<String> {
-        self.settle().await?;
-        if let Err(error) = self.database.admin.batch_execute("CHECKPOINT").await {
-            if !self.warned.replace(true) {
-                say(format!(
-                    "warning: CHECKPOINT failed ({error}); runs are not aligned on checkpoints"
-                ));
-            }
-        }
-        self.database.wal_mark().await
-    }
-
-    /// The WAL of a phase that began at `mark` and served `requests`,
-    /// measured once the outbox is empty: the fan-out of its events is part
-    /// of what it wrote.
-    pub async fn wal_since(&self, mark: &str, requests: u64) -> Result<Wal> {
-        self.settle().await?;
-        self.database.wal_since(mark, requests).await
-    }
-
-    async fn settle(&self) -> Result<()> {
-        let started = Instant::now();
-        let waiting = "SELECT EXISTS (SELECT 1 FROM event_queue)";
-        while self
-            .database
-            .client
-            .query_one(waiting, &[])
-            .await
-            .context("the outbox (event_queue)")?
-            .get(0)
-        {
-            ensure!(
-                started.elapsed() < SETTLE_LIMIT,
-                "the service's webhook dispatcher did not empty its outbox within {} s",
-                SETTLE_LIMIT.as_secs()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(())
     }
 }

@@ -1,40 +1,31 @@
-//! The load client: keep-alive HTTP/1.1 connections, one per simulated
-//! client, sending the one request the benchmark sends, `POST /v1/charges`.
-//! A request's latency runs from handing it to the connection until the
-//! answer's last byte.
-//!
-//! Not hyper's client: at one client the load generator's CPU is part of
-//! every round trip measured, and hyper's (a connection task fed through a
-//! channel, a header map per answer) cost 12–17 µs of user CPU per request
-//! here, against about 5 µs for pgbench's client, the floor's load
-//! generator, and for this one: it writes a request prepared up to its key,
-//! reads the head with `httparse` (hyper's own parser) and skips the body by
-//! its `Content-Length`. It speaks only what the service answers: a
-//! `Content-Length` body, keep-alive or `Connection: close`.
+//! The load client: one keep-alive HTTP/1.1 connection per client, a latency
+//! from the request's write to the answer's last byte. Not hyper's client:
+//! 12–17 µs per request against pgbench's and this one's 5 (BENCHMARKS.md).
+//! It speaks only what the service answers: `Content-Length` bodies.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
+use futures_util::future::try_join_all;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// Every charge request carries this body; the simulated processor lets
-/// an amount of 1000 succeed.
+/// The simulated processor lets 1000 succeed.
 pub const BODY: &str = r#"{"amount":1000,"currency":"USD"}"#;
-/// An answer head or body longer than these is not the service's.
+/// Longer is not the service's.
 const MAX_HEAD_BYTES: usize = 16 * 1024;
 const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 
-/// One keep-alive connection; `buffer[..filled]` is read and not consumed.
+/// `buffer[..filled]` is read and not consumed.
 pub struct Http {
     stream: TcpStream,
     buffer: Vec<u8>,
     filled: usize,
+    /// The service said `Connection: close`.
     closed: bool,
 }
 
-/// One answer: status, whether it was a replay, and timings.
 pub struct Answer {
     pub status: u16,
     pub replayed: bool,
@@ -48,29 +39,18 @@ impl Answer {
     }
 }
 
-/// What a head says: status, replayed, head + body length, close.
-type Head = (u16, bool, usize, bool);
-
 impl Http {
     pub async fn connect(addr: SocketAddr) -> Result<Self> {
         let stream =
             TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
-        // Requests are small and latency-bound: no Nagle delay.
         stream.set_nodelay(true)?;
-        let buffer = vec![0; 4096];
-        Ok(Self { stream, buffer, filled: 0, closed: false })
+        Ok(Self { stream, buffer: vec![0; 4096], filled: 0, closed: false })
     }
 
-    /// `count` connections, opened one after the other.
     pub async fn connect_many(addr: SocketAddr, count: usize) -> Result<Vec<Self>> {
-        let mut connections = Vec::with_capacity(count);
-        for _ in 0..count {
-            connections.push(Self::connect(addr).await?);
-        }
-        Ok(connections)
+        try_join_all((0..count).map(|_| Self::connect(addr))).await
     }
 
-    /// Sends `request` and reads the whole answer.
     pub async fn send(&mut self, request: &[u8]) -> Result<Answer> {
         ensure!(!self.closed, "the service closed the connection");
         let started = Instant::now();
@@ -103,8 +83,8 @@ impl Http {
     }
 }
 
-/// The head at the start of `bytes`, or `None` if it is not all there yet.
-fn parse_head(bytes: &[u8]) -> Result<Option<Head>> {
+/// (status, replayed, head + body length, close), None if incomplete.
+fn parse_head(bytes: &[u8]) -> Result<Option<(u16, bool, usize, bool)>> {
     let mut headers = [httparse::EMPTY_HEADER; 32];
     let mut response = httparse::Response::new(&mut headers);
     let httparse::Status::Complete(head_length) =
@@ -135,7 +115,7 @@ fn parse_head(bytes: &[u8]) -> Result<Option<Head>> {
     Ok(Some((status, replayed, head_length + body, close)))
 }
 
-/// POST /v1/charges for the bench merchant, written once up to the key.
+/// POST /v1/charges, written once up to the key.
 pub struct Api {
     pub addr: SocketAddr,
     before_key: String,
@@ -153,14 +133,12 @@ impl Api {
         Ok(Self { addr, before_key })
     }
 
-    /// A charge request with this idempotency key.
     pub fn charge(&self, key: &str) -> Result<Vec<u8>> {
         ensure!(header_safe(key), "the idempotency key {key:?} is not a valid header value");
         Ok([self.before_key.as_str(), key, "\r\n\r\n", BODY].concat().into_bytes())
     }
 }
 
-/// Visible ASCII only: nothing that could end a header line.
 fn header_safe(value: &str) -> bool {
     !value.is_empty() && value.bytes().all(|b| b.is_ascii_graphic())
 }
@@ -169,8 +147,7 @@ fn header_safe(value: &str) -> bool {
 mod tests {
     use super::*;
 
-    /// A server that answers each request (read up to its body) with the
-    /// next of `answers`, one byte at a time; the requests it read.
+    /// Answers each request with the next of `answers`, byte by byte; what it read.
     async fn server(answers: Vec<&'static [u8]>) -> (SocketAddr, tokio::task::JoinHandle<String>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

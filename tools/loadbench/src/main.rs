@@ -1,30 +1,8 @@
-//! The load benchmark of chargeonce. Run it with `scripts/bench [--quick]`,
-//! which provides a PostgreSQL with pg_stat_statements and then runs
-//! `cargo run --release -p chargeonce-loadbench -- --admin-url URL`.
-//! BENCHMARKS.md explains the method and keeps the results.
-//!
-//! It measures the release `chargeonce` binary, running as a separate
-//! process against a fresh database, and compares it on the same machine in
-//! the same run with two pgbench yardsticks at the same client counts: **its
-//! own SQL** (the statements the service prepares, the constants of
-//! `chargeonce::db`: service ÷ own SQL is the cost of our layer) and **the
-//! floor** (the least SQL this design can cost, on a minimal table of its
-//! own: service ÷ floor also counts what our SQL costs).
-//!
-//! Invariants: the service runs exactly the statements the scripts run
-//! (read back from pg_stat_statements, else the run stops with the
-//! statement's text); every spawned process is killed and the bench
-//! database dropped on every path out (success, error, panic, Ctrl-C); the
-//! exit status says whether the benchmark could measure, not whether a
-//! target was met.
-//!
-//! Modules, by job: `bench` (one full run), `service` (the binary under
-//! test), `http` (the load client), `scenario` (what the clients send),
-//! `stats` (latencies and statuses), `database` (the bench database and
-//! the WAL it writes), `capture` (pg_stat_statements), `script`
-//! (pgbench scripts), `pgbench` (running it), `report` (the Markdown report
-//! and the targets), `runs` (targets judged over several runs, `--runs N`),
-//! `sustain` (a steady share of the maximum for minutes).
+//! The load benchmark of chargeonce, run by `scripts/bench` (method and
+//! results: BENCHMARKS.md): the release binary beside pgbench running **its
+//! own SQL** and **the floor**. Every spawned process is killed and the bench
+//! database dropped on every way out; the exit status says whether it could
+//! measure, not whether a target was met.
 
 mod bench;
 mod capture;
@@ -32,10 +10,8 @@ mod database;
 mod http;
 mod pgbench;
 mod report;
-mod runs;
 mod scenario;
 mod script;
-mod service;
 mod stats;
 mod sustain;
 
@@ -48,18 +24,16 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 use clap::Parser;
 
+use crate::bench::ServiceBinary;
 use crate::database::BenchDatabase;
-use crate::service::ServiceBinary;
 
 /// Measures chargeonce against pgbench running its own SQL and a fixed
-/// floor. Normally run through scripts/bench, which also provides the
-/// PostgreSQL server.
+/// floor. Normally run through scripts/bench, which provides PostgreSQL.
 #[derive(Parser)]
 #[command(name = "chargeonce-loadbench")]
 struct Args {
-    /// Any database of the PostgreSQL server to measure on; it must preload
-    /// pg_stat_statements. The benchmark creates its own database there and
-    /// drops it at the end.
+    /// Any database of the PostgreSQL server to measure on (it must preload
+    /// pg_stat_statements); the benchmark makes and drops its own there.
     #[arg(long, env = "BENCH_DATABASE_URL")]
     admin_url: String,
 
@@ -68,9 +42,8 @@ struct Args {
     #[arg(long)]
     quick: bool,
 
-    /// Instead of the benchmark: measure the mix's maximum throughput, then
-    /// hold `--load-percent` of it for this many seconds, sampling the
-    /// service's memory each second, then the floor likewise (sustain.md).
+    /// Instead: the mix's maximum throughput, then `--load-percent` of it
+    /// for this many seconds, memory sampled each second; the floor likewise.
     #[arg(long, value_name = "SECONDS", conflicts_with = "quick")]
     sustain: Option<u64>,
 
@@ -78,48 +51,37 @@ struct Args {
     #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u32).range(1..=100))]
     load_percent: u32,
 
-    /// Full runs to make one after the other, each on a fresh database. With
-    /// more than one, report.md starts with each target judged over all runs
-    /// (the mean and its 95 % confidence interval) and each run's report
-    /// follows; report-K.md keeps run K's alone.
+    /// Full runs, each on a fresh database; with several, report.md starts
+    /// with each target judged over all (report-K.md keeps run K's).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50), conflicts_with = "sustain")]
     runs: u32,
 
-    /// The release `chargeonce` binary to measure [default: `chargeonce`
-    /// next to this program, built first when run by cargo].
+    /// The binary to measure [default: `chargeonce` beside this program].
     #[arg(long)]
     service: Option<PathBuf>,
 
-    /// Where the report, the pgbench scripts and logs and the service's log
-    /// go [default: target/bench].
+    /// Where the report, scripts and logs go [default: target/bench].
     #[arg(long)]
     out: Option<PathBuf>,
 }
 
-/// How long and how wide each step runs.
 #[derive(Clone)]
 pub struct Plan {
     pub quick: bool,
     pub connections: &'static [usize],
     pub warmup: Duration,
     pub measure: Duration,
-    /// Charges created beforehand whose keys replays re-send; the floor's
-    /// lookup table has as many rows.
+    /// Charges made beforehand for replays; the floor's table has as many.
     pub pool_size: usize,
-    /// How many interleaved rounds each point is measured in.
     pub rounds: usize,
-    /// Which of a point's rounds this is: part of the keys and pgbench's run
-    /// names, so that a later round never re-sends an earlier one's new keys.
+    /// This round, in the keys: no round re-sends another's.
     pub round: usize,
 }
 
 impl Plan {
     fn new(quick: bool) -> Self {
-        // In a full run the service, its own SQL and the floor take turns,
-        // each `measure / rounds` at a time: this machine's throughput swings
-        // within minutes (the floor made 6,049 and 4,013 new charges/s at 32
-        // clients ten minutes apart), and taking turns gives every side the
-        // machine's good and bad seconds alike.
+        // Sides take turns in rounds: this machine's speed swings within
+        // minutes (the floor's new charges/s: 6,049, then 4,013).
         let (connections, warmup, measure, pool_size, rounds): (&[usize], _, _, _, _) = match quick
         {
             true => (&[1, 32], Duration::from_millis(300), Duration::from_secs(1), 2_000, 1),
@@ -128,8 +90,7 @@ impl Plan {
         Self { quick, connections, warmup, measure, pool_size, rounds, round: 0 }
     }
 
-    /// The plan of round `round`: an equal share of the measured time, and
-    /// the warm-up only before the first round.
+    /// Round `round`: its share of the measured time, warm-up only first.
     fn for_round(&self, round: usize) -> Plan {
         let rounds = u32::try_from(self.rounds.max(1)).unwrap_or(u32::MAX);
         let warmup = if round == 0 { self.warmup } else { Duration::ZERO };
@@ -143,8 +104,7 @@ pub fn say(message: impl Display) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    // One thread: the load generator takes at most one of the machine's
-    // cores and leaves the rest to the service and PostgreSQL.
+    // One thread: the load generator takes at most one core.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
     let outcome =
         runtime.context("a tokio runtime").and_then(|runtime| runtime.block_on(run(args)));
@@ -160,37 +120,26 @@ fn main() -> ExitCode {
 async fn run(args: Args) -> Result<()> {
     let started = Instant::now();
     let plan = Plan::new(args.quick);
-    let out_dir = output_dir(args.out)?;
-    let binary = ServiceBinary::find(args.service, &out_dir)?;
-    let runs = if args.sustain.is_some() { 1 } else { usize::try_from(args.runs)? };
+    let binary = ServiceBinary::find(args.service, &output_dir(args.out)?)?;
+    let out = |name: &str| binary.out_dir.join(name);
+    let runs = if args.sustain.is_some() { 1 } else { args.runs };
     let (mut each, mut targets) = (Vec::new(), Vec::new());
     for run in 1..=runs {
         if runs > 1 {
             say(format!("run {run} of {runs}"));
         }
-        // Each run on a fresh database. The service and pgbench live inside
-        // the measuring future: they are killed when it ends or is dropped
-        // (Ctrl-C), before the database goes.
+        // Processes live in the future: killed with it (Ctrl-C), before the
+        // database is dropped.
         let database = BenchDatabase::create(&args.admin_url).await?;
         let measured = async {
-            match args.sustain {
-                Some(seconds) => {
-                    let length = Duration::from_secs(seconds);
-                    let shape = (length, args.load_percent);
-                    let run = bench::sustain(&plan, &binary, &database, shape, &out_dir).await?;
-                    let command = format!(
-                        "scripts/bench --sustain {seconds} --load-percent {}",
-                        args.load_percent
-                    );
-                    let markdown = run.markdown(&command);
-                    write(&out_dir.join("sustain.md"), &markdown)?;
-                    Ok((markdown, None))
-                }
-                None => {
-                    let report = bench::measure(&plan, &binary, &database, &out_dir).await?;
-                    Ok((report.markdown(&plan), Some(report.targets())))
-                }
-            }
+            let Some(seconds) = args.sustain else {
+                let report = bench::measure(&plan, &binary, &database).await?;
+                return Ok((report.markdown(&plan), Some(report.targets())));
+            };
+            let shape = (Duration::from_secs(seconds), args.load_percent);
+            let run = bench::sustain(&plan, &binary, &database, shape).await?;
+            let command = format!("scripts/bench --sustain {seconds} --load-percent {}", shape.1);
+            Ok((run.markdown(&command), None))
         };
         let outcome = tokio::select! {
             outcome = measured => outcome,
@@ -199,23 +148,18 @@ async fn run(args: Args) -> Result<()> {
         database.close();
         let (markdown, run_targets) = outcome?;
         if runs > 1 {
-            write(&out_dir.join(format!("report-{run}.md")), &markdown)?;
+            write(&out(&format!("report-{run}.md")), &markdown)?;
         }
         each.push(markdown);
         targets.extend(run_targets);
     }
-    let mut markdown = if runs > 1 { runs::markdown(&targets) + "\n" } else { String::new() };
+    let mut markdown = if runs > 1 { report::over_runs(&targets) + "\n" } else { String::new() };
     markdown.push_str(&each.join("\n"));
-    let written = match args.sustain {
-        Some(_) => "sustain.md",
-        None => {
-            write(&out_dir.join("report.md"), &markdown)?;
-            "report.md"
-        }
-    };
+    let written = if args.sustain.is_some() { "sustain.md" } else { "report.md" };
+    write(&out(written), &markdown)?;
     println!("{markdown}");
     let took = started.elapsed().as_secs_f64();
-    say(format!("done in {took:.0} s; {written} written to {}", out_dir.display()));
+    say(format!("done in {took:.0} s; {written} written to {}", binary.out_dir.display()));
     Ok(())
 }
 

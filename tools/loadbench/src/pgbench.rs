@@ -1,95 +1,72 @@
-//! Running pgbench: the two script sets of `script` (the service's own SQL
-//! and the floor) written to the output folder, checked for doing what they
-//! stand for, then run at each scenario's client count as
-//! `pgbench -n -M prepared -c C -j 2 -T D`, right after the service, for as
-//! long and after as long a warm-up. Throughput comes from pgbench's
-//! summary; percentiles from its per-transaction log (`-l`), one entry per
-//! script run, that is per charge or per replay.
+//! pgbench: the scripts of `script` written, checked and run as long as the
+//! service was; throughput from its summary, latencies from its `-l` log.
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, ensure, Context as _, Result};
 use tokio_postgres::Client;
 
 use crate::database::Wal;
 use crate::scenario::{Workload, MIX_NEW_PERCENT};
-use crate::script::{self, ServiceValues};
-use crate::stats::{per_second, Latencies};
+use crate::script;
+use crate::stats::Tally;
 use crate::{say, Plan};
 
-/// pgbench's threads: the machine's two cores; more would only compete
-/// with the backends.
+/// pgbench's threads: this machine's cores.
 const THREADS: usize = 2;
-/// Script runs of each check.
 const CHECK_RUNS: i64 = 20;
 
-/// One pair of scripts (a new charge, a replay) and the `-D` variables they
-/// need, but `run` (which names the run in the keys of new charges).
+/// A new-charge and a replay script and their `-D` variables but `run`.
 pub struct ScriptSet {
-    /// "own SQL" or "floor", for messages and the report.
     pub label: &'static str,
     new: PathBuf,
     replay: PathBuf,
-    variables: Vec<(String, String)>,
+    variables: Vec<(&'static str, String)>,
 }
 
 impl ScriptSet {
-    /// `-f` and `-D` arguments for `workload`; `run` names the run.
     fn args(&self, workload: Workload, run: &str) -> Vec<String> {
         let file =
-            |path: &Path, weight: String| ["-f".to_owned(), format!("{}{weight}", path.display())];
+            |path: &Path, weight: &str| ["-f".to_owned(), format!("{}{weight}", path.display())];
         let files = match workload {
-            Workload::New => file(&self.new, String::new()).to_vec(),
-            Workload::Replay => file(&self.replay, String::new()).to_vec(),
+            Workload::New => file(&self.new, "").to_vec(),
+            Workload::Replay => file(&self.replay, "").to_vec(),
             Workload::Mix => [
-                file(&self.new, format!("@{MIX_NEW_PERCENT}")),
-                file(&self.replay, format!("@{}", 100 - MIX_NEW_PERCENT)),
+                file(&self.new, &format!("@{MIX_NEW_PERCENT}")),
+                file(&self.replay, &format!("@{}", 100 - MIX_NEW_PERCENT)),
             ]
             .concat(),
         };
-        [files, self.variables(run)].concat()
-    }
-
-    fn variables(&self, run: &str) -> Vec<String> {
-        let run = ("run".to_owned(), run.to_owned());
+        let run = ("run", run.to_owned());
         let variables = self.variables.iter().chain((!self.variables.is_empty()).then_some(&run));
-        variables.flat_map(|(name, value)| ["-D".to_owned(), format!("{name}={value}")]).collect()
+        let variables =
+            variables.flat_map(|(name, value)| ["-D".to_owned(), format!("{name}={value}")]);
+        files.into_iter().chain(variables).collect()
     }
 }
 
-/// What one measured pgbench run gave (or several rounds of one point,
-/// merged): throughput, the percentiles and count over `stats::SLOW` of its
-/// logged transactions (a
-/// stall of the machine shows here as in the service's count), and the WAL
-/// written (`wal.requests`: every script run, warm-up included).
+/// A measured run, or a point's rounds added up; `wal.requests` counts every
+/// script run, warm-up included.
 pub struct PgbenchRun {
     pub tps: f64,
-    pub p99_ms: f64,
-    pub slow: u64,
+    pub latencies: Tally,
     pub wal: Wal,
     seconds: f64,
-    latencies: Latencies,
 }
 
 impl PgbenchRun {
-    fn new(tps: f64, wal: Wal, seconds: f64, latencies: Latencies) -> Self {
-        let (p99_ms, slow) = (latencies.percentile_ms(0.99), latencies.slow());
-        Self { tps, p99_ms, slow, wal, seconds, latencies }
+    pub fn p99_ms(&self) -> f64 {
+        self.latencies.percentile_ms(0.99)
     }
 
-    /// Adds a later round of the same point: throughput over the whole
-    /// time, the percentiles of
-    /// all transactions, the WAL.
     pub fn merge(&mut self, other: &PgbenchRun) -> Result<()> {
-        let seconds = self.seconds + other.seconds;
-        let (mine, theirs) = (self.tps * self.seconds, other.tps * other.seconds);
-        let mut latencies = self.latencies.clone();
-        latencies.merge(&other.latencies)?;
-        let mut wal = self.wal;
-        wal.add(&other.wal);
-        *self = PgbenchRun::new(per_second(mine + theirs, seconds), wal, seconds, latencies);
+        let transactions = self.tps * self.seconds + other.tps * other.seconds;
+        self.seconds += other.seconds;
+        self.tps = transactions / self.seconds;
+        self.latencies.merge(&other.latencies)?;
+        self.wal.add(&other.wal);
         Ok(())
     }
 }
@@ -98,15 +75,13 @@ pub struct Pgbench {
     url: String,
     pub own_sql: ScriptSet,
     pub floor: ScriptSet,
-    /// Where pgbench writes its per-transaction logs.
     log_dir: PathBuf,
 }
 
 impl Pgbench {
-    /// Writes the four scripts to `out_dir`.
     pub fn write_scripts(
         url: String,
-        values: &ServiceValues,
+        variables: Vec<(&'static str, String)>,
         plan: &Plan,
         out_dir: &Path,
     ) -> Result<Self> {
@@ -117,52 +92,36 @@ impl Pgbench {
             variables,
         };
         let (own_sql, floor) =
-            (set("own SQL", "own-sql", values.variables()), set("floor", "floor", Vec::new()));
-        let own =
-            "-- The service's own SQL: the constants of chargeonce::db it runs per request,\n\
-                   -- translated by chargeonce-loadbench (tools/loadbench/src/script.rs).\n";
-        let least = "-- The floor: the least SQL this design can cost, on its own minimal table\n\
-                     -- (tools/loadbench/src/script.rs).\n";
-        for (set, path, header, body) in [
-            (&own_sql, &own_sql.new, own, script::own_sql_new()?),
-            (&own_sql, &own_sql.replay, own, script::own_sql_replay(plan.pool_size)?),
-            (&floor, &floor.new, least, script::FLOOR_NEW.to_owned()),
-            (&floor, &floor.replay, least, script::floor_replay(plan.pool_size)),
+            (set("own SQL", "own-sql", variables), set("floor", "floor", Vec::new()));
+        for (path, body) in [
+            (&own_sql.new, script::own_sql_new()?),
+            (&own_sql.replay, script::own_sql_replay(plan.pool_size)?),
+            (&floor.new, script::FLOOR_NEW.to_owned()),
+            (&floor.replay, script::floor_replay(plan.pool_size)),
         ] {
-            let variables = set.variables("byhand");
-            let by_hand: String = variables.iter().map(|arg| shell_quote(arg) + " ").collect();
             let text = format!(
-                "{header}-- Each statement is its own transaction. By hand, on a bench database:\n\
-                 --   pgbench -n -M prepared -c 1 -T 5 {by_hand}-f {} DATABASE_URL\n{body}",
-                path.display()
+                "-- Written by chargeonce-loadbench (tools/loadbench/src/script.rs), which runs it \
+                 with pgbench -M prepared\n-- and -D for its variables; each statement is its \
+                 own transaction.\n{body}"
             );
             fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
-            say(format!("pgbench script: {}", path.display()));
         }
+        say(format!("pgbench scripts in {}", out_dir.display()));
         Ok(Self { url, own_sql, floor, log_dir: out_dir.join("pgbench-log") })
     }
 
     async fn pgbench(&self, args: &[String]) -> Result<String> {
         let mut command = tokio::process::Command::new("pgbench");
         command.args(["-n", "-M", "prepared"]).args(args).arg(&self.url).kill_on_drop(true);
-        let output = command
-            .output()
-            .await
-            .context("cannot run pgbench (apt-get install postgresql-client)")?;
+        let output = command.output().await;
+        let output = output.context("cannot run pgbench (apt-get install postgresql-client)")?;
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        ensure!(
-            output.status.success(),
-            "pgbench failed ({}): {}\n{}",
-            output.status,
-            stderr.trim(),
-            stdout.trim()
-        );
+        let (status, stderr) = (output.status, String::from_utf8_lossy(&output.stderr));
+        let (err, out) = (stderr.trim(), stdout.trim());
+        ensure!(status.success(), "pgbench failed ({status}): {err}\n{out}");
         Ok(stdout)
     }
 
-    /// `set`'s scripts for `workload` at `clients` connections, after a
-    /// warm-up as long as the service's (full runs).
     pub async fn run(
         &self,
         set: &ScriptSet,
@@ -171,48 +130,42 @@ impl Pgbench {
         plan: &Plan,
     ) -> Result<PgbenchRun> {
         let run = format!("{}-{clients}-{}", workload.name(), plan.round);
-        let mut args =
-            vec!["-c".to_owned(), clients.to_string(), "-j".to_owned(), THREADS.to_string()];
-        args.extend(set.args(workload, &run));
+        let mut args = set.args(workload, &run);
+        args.extend([format!("-c{clients}"), format!("-j{THREADS}")]);
         // -T takes whole seconds.
-        let seconds = |duration: Duration| ["-T".to_owned(), duration.as_secs().max(1).to_string()];
+        let seconds = |duration: Duration| format!("-T{}", duration.as_secs().max(1));
         let mut wal = Wal::default();
         if !plan.quick && !plan.warmup.is_zero() {
-            let warmup = [args.clone(), seconds(plan.warmup).to_vec()].concat();
+            let warmup = [&args[..], &[seconds(plan.warmup)]].concat();
             wal.requests = summary(&self.pgbench(&warmup).await?)?.1;
         }
-        args.extend(seconds(plan.measure));
+        args.push(seconds(plan.measure));
         args.extend(self.log_args(set, &run)?);
         let (tps, transactions) = summary(&self.pgbench(&args).await?)?;
         wal.requests += transactions;
-        let measured = plan.measure.as_secs().max(1) as f64;
         let latencies = logged_latencies(&self.log_dir, None)?.remove(0);
-        Ok(PgbenchRun::new(tps, wal, measured, latencies))
+        Ok(PgbenchRun { tps, latencies, wal, seconds: plan.measure.as_secs().max(1) as f64 })
     }
 
-    /// `set`'s `workload` offered open-loop (`--rate`) at `rate` per second
-    /// by `clients` for `length`; the latencies per minute, each from the
-    /// transaction's scheduled start.
+    /// `workload` offered open-loop at `rate`/s; latencies per minute, from
+    /// the scheduled start.
     pub async fn open_loop(
         &self,
         set: &ScriptSet,
         workload: Workload,
         (clients, rate): (usize, f64),
         length: Duration,
-    ) -> Result<Vec<Latencies>> {
-        let mut args =
-            vec![format!("-c{clients}"), format!("-j{THREADS}"), format!("--rate={rate:.0}")];
-        args.push(format!("-T{}", length.as_secs().max(1)));
-        args.extend(
-            self.log_args(set, "sustain")?.into_iter().chain(set.args(workload, "sustain")),
-        );
-        let start = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    ) -> Result<Vec<Tally>> {
+        let (seconds, rate) = (length.as_secs().max(1), format!("--rate={rate:.0}"));
+        let mut args = set.args(workload, "sustain");
+        args.extend([format!("-c{clients}"), format!("-j{THREADS}"), rate, format!("-T{seconds}")]);
+        args.extend(self.log_args(set, "sustain")?);
+        let start = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH)?;
         self.pgbench(&args).await?;
         logged_latencies(&self.log_dir, Some((start.as_secs(), length.as_secs())))
     }
 
-    /// `-l --log-prefix=…` in an emptied log folder: one log file per
-    /// pgbench thread, `<prefix>.<pid>[.<thread>]`.
+    /// `-l --log-prefix=…` in an emptied log folder.
     fn log_args(&self, set: &ScriptSet, run: &str) -> Result<[String; 2]> {
         let _ = fs::remove_dir_all(&self.log_dir);
         fs::create_dir_all(&self.log_dir)
@@ -221,10 +174,7 @@ impl Pgbench {
         Ok(["-l".to_owned(), format!("--log-prefix={}", prefix.display())])
     }
 
-    /// Runs each script a few times and checks its effect: a new charge
-    /// leaves a charge in the state the service leaves it (with its outbox
-    /// event), or a row of the floor's table in its final state; a replay
-    /// creates nothing.
+    /// A new charge's script leaves one row as the service does; a replay's none.
     pub async fn check(&self, db: &Client) -> Result<()> {
         let count = |sql: &'static str| async move {
             let row = db
@@ -245,18 +195,15 @@ impl Pgbench {
             (&self.floor, Workload::Replay, "SELECT count(*) FROM bench_charges", 0),
         ] {
             let before = count(rows).await?;
-            let mut args =
-                vec!["-c".to_owned(), "1".to_owned(), "-t".to_owned(), CHECK_RUNS.to_string()];
-            args.extend(set.args(workload, "check"));
-            self.pgbench(&args).await?;
-            let made_now = count(rows).await? - before;
+            let args =
+                [vec!["-c1".to_owned(), format!("-t{CHECK_RUNS}")], set.args(workload, "check")];
+            self.pgbench(&args.concat()).await?;
+            let (made_now, label, flow) = (count(rows).await? - before, set.label, workload.name());
+            let what = if made == 0 { "replay" } else { "new charge" };
             ensure!(
                 made_now == made,
-                "the {} {} script made {made_now} rows in {CHECK_RUNS} runs, not {made}: it does not do \
-                 what a {} does",
-                set.label,
-                workload.name(),
-                if made == 0 { "replay" } else { "new charge" }
+                "the {label} {flow} script made {made_now} rows in {CHECK_RUNS} runs, not {made}: \
+                 it does not do what a {what} does"
             );
         }
         say("pgbench scripts checked: a new charge is made once, a replay makes nothing");
@@ -264,28 +211,24 @@ impl Pgbench {
     }
 }
 
-/// TPS and script runs from pgbench's summary: `tps = 2273.1 (without
-/// initial connection time)`, `number of transactions actually processed:
-/// 22731`.
+/// TPS and script runs from pgbench's summary (`tps = 2273.1 (without …`,
+/// `number of transactions actually processed: 22731`).
 fn summary(stdout: &str) -> Result<(f64, u64)> {
     let number = |prefix: &str| -> Option<f64> {
         let line = stdout.lines().find_map(|line| line.strip_prefix(prefix))?;
         line.split(|c: char| c.is_whitespace() || c == '/').next()?.parse().ok()
     };
-    let runs = number("number of transactions actually processed: ");
-    match (number("tps = "), runs) {
+    match (number("tps = "), number("number of transactions actually processed: ")) {
         (Some(tps), Some(runs)) => Ok((tps, runs as u64)),
         _ => bail!("no TPS or transactions in pgbench's output:\n{stdout}"),
     }
 }
 
-/// The latencies in pgbench's per-transaction logs in `log_dir`, whose lines
-/// are `client transaction latency_us script epoch_s epoch_us [lag_us]`,
-/// each plus its schedule lag (`--rate`); per minute of a run that started
-/// at an epoch second and lasted so many (the last ones in its last minute),
-/// or all in one.
-fn logged_latencies(log_dir: &Path, run: Option<(u64, u64)>) -> Result<Vec<Latencies>> {
-    let mut minutes = vec![Latencies::new()?];
+/// Latencies plus `--rate`'s lag from the logs' lines (`client transaction
+/// latency_us script epoch_s epoch_us [lag_us]`), per minute of `run`
+/// (start epoch second, length) or all in one.
+fn logged_latencies(log_dir: &Path, run: Option<(u64, u64)>) -> Result<Vec<Tally>> {
+    let mut minutes = vec![Tally::new()?];
     for entry in fs::read_dir(log_dir).with_context(|| format!("reading {}", log_dir.display()))? {
         let path = entry?.path();
         let text =
@@ -301,20 +244,13 @@ fn logged_latencies(log_dir: &Path, run: Option<(u64, u64)>) -> Result<Vec<Laten
             });
             let minute = (second / 60) as usize;
             while minutes.len() <= minute {
-                minutes.push(Latencies::new()?);
+                minutes.push(Tally::new()?);
             }
             minutes[minute].record_us(fields[2] + fields.get(6).copied().unwrap_or(0));
         }
     }
     ensure!(minutes[0].count() > 0, "pgbench logged no transactions in {}", log_dir.display());
     Ok(minutes)
-}
-
-fn shell_quote(text: &str) -> String {
-    match text.chars().all(|c| c.is_ascii_alphanumeric() || "-_=./:@".contains(c)) {
-        true => text.to_owned(),
-        false => format!("'{}'", text.replace('\'', r"'\''")),
-    }
 }
 
 #[cfg(test)]
@@ -333,13 +269,13 @@ mod tests {
         fs::write(dir.join("floor-0.1.1"), "2 0 2000 0 1 3\n3 0 100000 0 1 4\n").unwrap();
         let latencies = logged_latencies(&dir, None).unwrap().remove(0);
         // 100 ms itself is not over; 198 ms is.
-        assert_eq!((latencies.count(), latencies.slow()), (4, 1));
+        assert_eq!((latencies.count(), latencies.slow), (4, 1));
         // Open loop: plus the schedule lag, per minute from the start.
         fs::write(dir.join("floor-0.1"), "0 0 1000 0 100 1 5000\n1 0 2000 0 161 2 0\n").unwrap();
         fs::remove_file(dir.join("floor-0.1.1")).unwrap();
         let minutes = logged_latencies(&dir, Some((100, 90))).unwrap();
         fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(minutes.iter().map(Latencies::count).collect::<Vec<_>>(), [1, 1]);
+        assert_eq!(minutes.iter().map(Tally::count).collect::<Vec<_>>(), [1, 1]);
         assert!((minutes[0].max_ms() - 6.0).abs() < 0.01);
     }
 
@@ -355,18 +291,17 @@ mod tests {
             set.args(Workload::Mix, "r"),
             ["-f", "/x/floor-new.sql@90", "-f", "/x/floor-replay.sql@10"]
         );
-        assert_eq!(shell_quote("payload={\"a\": 1}"), "'payload={\"a\": 1}'");
         let run = |tps: f64, bytes: f64, micros: &[u64]| {
-            let mut latencies = Latencies::new().unwrap();
+            let mut latencies = Tally::new().unwrap();
             micros.iter().for_each(|&us| latencies.record_us(us));
             let wal = Wal { bytes, fpi: None, requests: (tps * 2.0) as u64 };
-            PgbenchRun::new(tps, wal, 2.0, latencies)
+            PgbenchRun { tps, latencies, wal, seconds: 2.0 }
         };
         let mut point = run(1_000.0, 4e6, &[1_000, 2_000]);
         point.merge(&run(3_000.0, 12e6, &[500, 150_000])).unwrap();
         // 2,000 and 6,000 transactions in 4 s.
         assert!((point.tps - 2_000.0).abs() < 1e-9);
         assert_eq!(point.wal.per_request(), Some(2_000.0));
-        assert_eq!(point.slow, 1);
+        assert_eq!(point.latencies.slow, 1);
     }
 }

@@ -1,18 +1,16 @@
-//! The Markdown report (printed and written to `report.md`) and the
-//! targets, each with PASS or MISS. A missed target is a result, not a
-//! failure: the benchmark's exit status does not depend on it.
-//!
-//! The two ratios: **service ÷ own SQL** is the cost of our layer over the
-//! SQL the service runs; **service ÷ floor** also includes what that SQL
-//! costs over the least this design can cost, and is the one the targets
-//! use, because a ratio against our own SQL improves when the SQL gets
-//! slower.
+//! The Markdown report and its targets, PASS or MISS, set against service ÷
+//! floor (÷ own SQL improves when our SQL gets slower); with `--runs N`,
+//! judged over the runs (BENCHMARKS.md, "Judging a target over runs").
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use anyhow::{Context as _, Result};
+use statrs::distribution::{ContinuousCDF, StudentsT};
+use statrs::statistics::Statistics;
+
 use crate::capture::Capture;
-use crate::database::{Machine, Wal};
+use crate::database::Wal;
 use crate::pgbench::PgbenchRun;
 use crate::scenario::BurstCounts;
 use crate::stats::{Sample, SLOW};
@@ -24,25 +22,43 @@ pub struct Row {
     pub sample: Sample,
     pub own: Option<PgbenchRun>,
     pub floor: Option<PgbenchRun>,
-    /// Service ÷ floor in each interleaved round: how far the ratio swings
-    /// from one round to the next on this machine.
+    /// Service ÷ floor in each round: how far it swings on this machine.
     pub floor_ratio_by_round: Vec<f64>,
 }
 
-/// The service's throughput over a pgbench run's, if the run made any.
+pub type Round = (Sample, PgbenchRun, PgbenchRun);
+
 pub fn ratio(sample: &Sample, yardstick: Option<&PgbenchRun>) -> Option<f64> {
     yardstick.filter(|run| run.tps > 0.0).map(|run| sample.rps() / run.tps)
 }
 
-/// The lowest and the highest of `values`; None if there are none.
 pub fn lowest_and_highest(values: &[f64]) -> Option<(f64, f64)> {
     let (&first, rest) = values.split_first()?;
     Some(rest.iter().fold((first, first), |(low, high), &v| (low.min(v), high.max(v))))
 }
 
 impl Row {
-    /// `0.97 (rounds 0.88–1.10)`: service ÷ floor over all rounds, then its
-    /// lowest and highest round when there were several.
+    pub fn alone(scenario: String, connections: usize, sample: Sample) -> Self {
+        let floor_ratio_by_round = Vec::new();
+        Row { scenario, connections, sample, own: None, floor: None, floor_ratio_by_round }
+    }
+
+    /// Each round: the service, own SQL, the floor.
+    pub fn from_rounds(scenario: String, connections: usize, rounds: Vec<Round>) -> Result<Self> {
+        let floor_ratio_by_round =
+            rounds.iter().filter_map(|(s, _, f)| ratio(s, Some(f))).collect();
+        let mut rounds = rounds.into_iter();
+        let (mut sample, mut own, mut floor) = rounds.next().context("no round measured")?;
+        for (later, later_own, later_floor) in rounds {
+            sample.merge(&later)?;
+            own.merge(&later_own)?;
+            floor.merge(&later_floor)?;
+        }
+        let (own, floor) = (Some(own), Some(floor));
+        Ok(Row { own, floor, floor_ratio_by_round, ..Row::alone(scenario, connections, sample) })
+    }
+
+    /// `0.97 (rounds 0.88–1.10)`: over all rounds, then the lowest and highest.
     fn floor_ratio_text(&self) -> String {
         let spread = lowest_and_highest(&self.floor_ratio_by_round);
         match (ratio(&self.sample, self.floor.as_ref()), spread) {
@@ -55,7 +71,7 @@ impl Row {
 }
 
 pub struct Report {
-    pub machine: Machine,
+    pub machine: String,
     pub rows: Vec<Row>,
     pub bursts: BurstCounts,
     pub peak_rss: u64,
@@ -63,9 +79,8 @@ pub struct Report {
     pub ready: Vec<Duration>,
 }
 
-/// One target and whether it was met (None: not measured in this run);
-/// for a target on a number, the number and its bound, which `runs`
-/// averages over several runs.
+/// A target, whether it was met (None: not measured), and its number and
+/// bound if it has them.
 pub struct Target {
     pub name: String,
     pub measured: String,
@@ -95,7 +110,6 @@ impl Target {
     }
 }
 
-/// Clients at which latency targets apply.
 const TARGET_CONNECTIONS: usize = 32;
 const NEW_MIN_OF_FLOOR: f64 = 0.8;
 const REPLAY_MIN_OF_FLOOR: f64 = 1.0;
@@ -107,7 +121,6 @@ fn number(value: Option<f64>, decimals: usize) -> String {
     value.map_or_else(|| "—".to_owned(), |v| format!("{v:.decimals$}"))
 }
 
-/// The service's WAL per request over the floor's per script run.
 fn wal_ratio(row: &Row) -> Option<f64> {
     let floor = row.floor.as_ref().and_then(|run| run.wal.per_request());
     row.sample.wal.per_request().zip(floor.filter(|f| *f > 0.0)).map(|(s, f)| s / f)
@@ -119,6 +132,7 @@ impl Report {
     }
 
     pub fn targets(&self) -> Vec<Target> {
+        let (at, not_measured) = (TARGET_CONNECTIONS, || "not measured".to_owned());
         let mut targets = Vec::new();
         for (scenario, connections, min) in [
             ("new", 32, NEW_MIN_OF_FLOOR),
@@ -131,66 +145,44 @@ impl Report {
             let ratio = row.and_then(|row| ratio(&row.sample, row.floor.as_ref()));
             let measured = row.filter(|_| ratio.is_some()).map(Row::floor_ratio_text);
             let name = format!("{scenario} ≥ {min:.1} × floor at {connections}");
-            let measured = measured.unwrap_or_else(|| "not measured".to_owned());
+            let measured = measured.unwrap_or_else(not_measured);
             targets.push(Target::on_number(name, measured, ratio, Bound::AtLeast(min)));
         }
 
-        let new_32 = self.row("new", TARGET_CONNECTIONS);
-        let wal = new_32.and_then(wal_ratio);
-        targets.push(Target::on_number(
-            format!(
-                "WAL per new charge ≤ {WAL_NEW_MAX_OF_FLOOR:.1} × floor at {TARGET_CONNECTIONS}"
-            ),
-            number(wal, 2),
-            wal,
-            Bound::AtMost(WAL_NEW_MAX_OF_FLOOR),
-        ));
+        let (new_32, max) = (self.row("new", at), WAL_NEW_MAX_OF_FLOOR);
+        let (wal, name) =
+            (new_32.and_then(wal_ratio), format!("WAL per new charge ≤ {max:.1} × floor at {at}"));
+        targets.push(Target::on_number(name, number(wal, 2), wal, Bound::AtMost(max)));
 
-        // The floor's own p99 at the same count says what this machine can
-        // do at all.
+        // The floor's p99: what this machine can do at all.
         let p99 = new_32.map(|row| row.sample.tally.percentile_ms(0.99));
-        let floor_p99 = new_32.and_then(|row| row.floor.as_ref()).map(|run| run.p99_ms);
-        let measured = p99.map_or("not measured".to_owned(), |p| match floor_p99 {
+        let floor_p99 = new_32.and_then(|row| row.floor.as_ref()).map(PgbenchRun::p99_ms);
+        let measured = p99.map_or_else(not_measured, |p| match floor_p99 {
             Some(floor) => format!("{p:.2} ms (floor: {floor:.2} ms)"),
             None => format!("{p:.2} ms"),
         });
-        let name = format!("p99 of new at {TARGET_CONNECTIONS} ≤ {P99_NEW_MAX_MS:.0} ms");
+        let name = format!("p99 of new at {at} ≤ {P99_NEW_MAX_MS:.0} ms");
         targets.push(Target::on_number(name, measured, p99, Bound::AtMost(P99_NEW_MAX_MS)));
 
-        // The floor's own count at the same scenario tells a stall of the
-        // machine (every client of the floor waits too) from one of ours.
-        let at_32: Vec<&Row> = (self.rows.iter())
-            .filter(|r| r.connections == TARGET_CONNECTIONS && r.floor.is_some())
-            .collect();
-        let slow: Vec<String> = (at_32.iter())
-            .map(|row| {
-                let floor = row
-                    .floor
-                    .as_ref()
-                    .map_or(String::new(), |run| format!(" (floor: {})", run.slow));
-                format!("{} {}{floor}", row.scenario, row.sample.tally.slow())
+        // The floor's count tells a stall of the machine from one of ours.
+        let at_32 = || self.rows.iter().filter(|r| r.connections == at && r.floor.is_some());
+        let slow: Vec<String> = (at_32())
+            .filter_map(|row| Some((row, row.floor.as_ref()?.latencies.slow)))
+            .map(|(row, floor)| {
+                format!("{} {} (floor: {floor})", row.scenario, row.sample.tally.slow)
             })
             .collect();
-        targets.push(Target {
-            name: format!(
-                "no request over {} ms in any scenario at {TARGET_CONNECTIONS}",
-                SLOW.as_millis()
-            ),
-            measured: if slow.is_empty() { "not measured".to_owned() } else { slow.join(", ") },
-            met: (!at_32.is_empty()).then(|| at_32.iter().all(|row| row.sample.tally.slow() == 0)),
-            number: None,
-        });
+        let name = format!("no request over {} ms in any scenario at {at}", SLOW.as_millis());
+        let met = (!slow.is_empty()).then(|| at_32().all(|row| row.sample.tally.slow == 0));
+        let measured = if slow.is_empty() { not_measured() } else { slow.join(", ") };
+        targets.push(Target { name, measured, met, number: None });
+
         let failures: u64 = self.rows.iter().map(|row| row.sample.tally.non_2xx()).sum();
         let (name, measured) = ("zero non-2xx answers".to_owned(), failures.to_string());
         targets.push(Target { name, measured, met: Some(failures == 0), number: None });
-        let rss = mb(self.peak_rss);
-        let name = format!("peak RSS ≤ {PEAK_RSS_MAX_MB:.0} MB");
-        targets.push(Target::on_number(
-            name,
-            format!("{rss:.1} MB"),
-            Some(rss),
-            Bound::AtMost(PEAK_RSS_MAX_MB),
-        ));
+        let (rss, name) = (mb(self.peak_rss), format!("peak RSS ≤ {PEAK_RSS_MAX_MB:.0} MB"));
+        let bound = Bound::AtMost(PEAK_RSS_MAX_MB);
+        targets.push(Target::on_number(name, format!("{rss:.1} MB"), Some(rss), bound));
         targets
     }
 
@@ -201,7 +193,6 @@ impl Report {
             true => "quick run (smoke test: numbers are indicative only)",
             false => "full run",
         };
-        let m = &self.machine;
         let rounds = match plan.rounds {
             1 => String::new(),
             rounds => format!(
@@ -216,15 +207,12 @@ impl Report {
         let _ = writeln!(
             md,
             "## chargeonce load benchmark: {mode}, {when}\n\n\
-             Machine: {} cores (nproc), {}; PostgreSQL {} ({}). Service: release build, \
+             Machine: {}. Service: release build, \
              default configuration, simulated processor with 0 ms latency. Load generator: \
              one thread, one keep-alive HTTP/1.1 connection per client. Each point: \
              {:.1} s warm-up, then {:.0} s measured; then pgbench (`-n -M prepared -c C -j 2`, \
              the scripts beside this report) with the service's own SQL, then with the floor, likewise, at the same client count.{rounds}\n",
-            m.cores,
-            m.cpu,
-            m.postgres,
-            m.settings,
+            self.machine,
             plan.warmup.as_secs_f64(),
             plan.measure.as_secs_f64(),
         );
@@ -257,12 +245,12 @@ impl Report {
                 tally.percentile_ms(0.50),
                 tally.percentile_ms(0.99),
                 tally.percentile_ms(0.999),
-                tally.latencies.max_ms(),
-                tally.slow(),
+                tally.max_ms(),
+                tally.slow,
                 tally.non_2xx_text(),
                 number(own.map(|run| run.tps), 0),
                 number(floor.map(|run| run.tps), 0),
-                number(floor.map(|run| run.p99_ms), 2),
+                number(floor.map(PgbenchRun::p99_ms), 2),
                 number(ratio(&row.sample, own), 2),
                 row.floor_ratio_text(),
             );
@@ -337,27 +325,112 @@ fn mb(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
+/// (mean, low, high) of the 95 % confidence interval; None for one value.
+pub fn interval(values: &[f64]) -> Option<(f64, f64, f64)> {
+    let count = values.len() as f64;
+    let (mean, variance) = (values.mean(), values.variance());
+    let t = StudentsT::new(0.0, 1.0, count - 1.0).ok()?.inverse_cdf(0.975);
+    let half = t * (variance / count).sqrt();
+    (values.len() >= 2).then_some((mean, mean - half, mean + half))
+}
+
+/// The targets over the runs, each run's in `Report::targets` order.
+pub fn over_runs(runs: &[Vec<Target>]) -> String {
+    let mut md = format!(
+        "## The targets over {} runs\n\n\
+         A target on a number is MET when the 95 % confidence interval of its mean over \
+         the runs keeps the bound, MISSED when the interval breaks it, UNDECIDED when it \
+         straddles it. A target that something never happens is MET only if every run \
+         met it. Each run's report follows.\n\n\
+         | target | runs met | mean (95 % interval) | lowest–highest run | over the runs |\n\
+         |---|---|---|---|---|\n",
+        runs.len()
+    );
+    for (index, target) in runs.first().into_iter().flatten().enumerate() {
+        let of_runs: Vec<&Target> = runs.iter().filter_map(|run| run.get(index)).collect();
+        let results: Vec<bool> = of_runs.iter().filter_map(|t| t.met).collect();
+        let met = results.iter().filter(|&&met| met).count();
+        let numbers: Vec<f64> = of_runs.iter().filter_map(|t| t.number.map(|n| n.0)).collect();
+        let bound = of_runs.iter().find_map(|t| t.number.map(|n| n.1));
+        let mean = interval(&numbers);
+        let verdict = match (bound, mean) {
+            _ if results.is_empty() => "not measured",
+            (Some(bound), Some((_, low, high))) => match (bound.keeps(low), bound.keeps(high)) {
+                (true, true) => "MET",
+                (false, false) => "MISSED",
+                _ => "UNDECIDED",
+            },
+            _ if met == results.len() => "MET",
+            _ => "MISSED",
+        };
+        let mean = mean.map_or("—".to_owned(), |(m, l, h)| format!("{m:.2} ({l:.2}–{h:.2})"));
+        let range = lowest_and_highest(&numbers)
+            .map_or("—".to_owned(), |(l, h)| format!("{l:.2}–{h:.2}"));
+        let name = &target.name;
+        let _ =
+            writeln!(md, "| {name} | {met} of {} | {mean} | {range} | {verdict} |", results.len());
+    }
+    md
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stats::Tally;
 
     #[test]
     fn the_spread_is_the_lowest_and_the_highest_round_when_there_are_several() {
         assert_eq!(lowest_and_highest(&[1.04, 0.88, 1.10, 0.97]), Some((0.88, 1.10)));
         assert_eq!(lowest_and_highest(&[]), None);
-        let row = |ratios: &[f64]| Row {
-            scenario: "replay".to_owned(),
-            connections: 1,
-            sample: Sample {
-                tally: crate::stats::Tally::new().unwrap(),
-                seconds: 0.0,
-                wal: Wal::default(),
-            },
-            own: None,
-            floor: None,
-            floor_ratio_by_round: ratios.to_vec(),
+        let row = |ratios: &[f64]| {
+            let sample = Sample { tally: Tally::new().unwrap(), seconds: 0.0, wal: Wal::default() };
+            Row { floor_ratio_by_round: ratios.to_vec(), ..Row::alone("replay".into(), 1, sample) }
         };
         // No floor run: no ratio, whatever the rounds.
         assert_eq!(row(&[0.9, 1.0]).floor_ratio_text(), "—");
+    }
+
+    fn target(value: f64, bound: Bound) -> Target {
+        let met = Some(bound.keeps(value));
+        Target { name: "t".to_owned(), measured: String::new(), met, number: Some((value, bound)) }
+    }
+
+    fn verdict(values: &[f64], bound: Bound) -> String {
+        let runs: Vec<Vec<Target>> = values.iter().map(|&v| vec![target(v, bound)]).collect();
+        let md = over_runs(&runs);
+        md.lines().last().unwrap().rsplit('|').nth(1).unwrap().trim().to_owned()
+    }
+
+    #[test]
+    fn the_interval_is_students_t_around_the_mean() {
+        // Mean 1.0, sample standard deviation 0.1, three values: the half
+        // width is t(0.975, 2) = 4.303 × 0.1 / √3.
+        let (mean, low, high) = interval(&[0.9, 1.0, 1.1]).unwrap();
+        let half = 4.303 * 0.1 / 3f64.sqrt();
+        assert!((mean - 1.0).abs() < 1e-12);
+        assert!((low - (1.0 - half)).abs() < 1e-4 && (high - (1.0 + half)).abs() < 1e-4);
+        assert_eq!(interval(&[1.0]), None);
+    }
+
+    #[test]
+    fn a_number_is_met_only_when_its_whole_interval_keeps_the_bound() {
+        let at_least = Bound::AtLeast(1.0);
+        assert_eq!(verdict(&[1.13, 1.11, 1.08], at_least), "MET");
+        assert_eq!(verdict(&[1.13, 0.97, 1.06, 0.94], at_least), "UNDECIDED");
+        assert_eq!(verdict(&[0.90, 0.92, 0.91], at_least), "MISSED");
+        assert_eq!(verdict(&[8.0, 20.0, 12.0], Bound::AtMost(15.0)), "UNDECIDED");
+        assert_eq!(verdict(&[8.0, 9.0, 10.0], Bound::AtMost(15.0)), "MET");
+        let line = over_runs(&[vec![target(1.14, at_least)], vec![target(1.08, at_least)]]);
+        assert!(line.contains("| t | 2 of 2 | 1.11 ("), "{line}");
+    }
+
+    #[test]
+    fn a_never_target_is_met_only_if_every_run_met_it() {
+        let never =
+            |met| vec![Target { name: "n".into(), measured: String::new(), met, number: None }];
+        let md = over_runs(&[never(Some(true)), never(Some(false)), never(Some(true))]);
+        assert!(md.ends_with("| n | 2 of 3 | — | — | MISSED |\n"), "{md}");
+        assert!(over_runs(&[never(Some(true)), never(Some(true))]).ends_with("| MET |\n"));
+        assert!(over_runs(&[never(None)]).ends_with("| 0 of 0 | — | — | not measured |\n"));
     }
 }

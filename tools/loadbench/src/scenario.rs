@@ -1,15 +1,5 @@
-//! What the simulated clients send, and how a run is timed.
-//!
-//! Each scenario is a closed loop: `connections` clients, each on its own
-//! keep-alive connection, send their next request when the previous answer
-//! is complete, for a warm-up and then a measured window; only answers that
-//! arrive within the window count. A fresh key is a new charge, a key of the
-//! charges created beforehand (the pool) is a replay. Each client draws from
-//! its own seeded generator, so a run sends the same keys every time.
-//!
-//! The burst is different: rounds of [`BURST`] requests with one fresh key,
-//! released together by a barrier; exactly one of them may create the
-//! charge.
+//! What the clients send: closed loops counting the answers in the measured
+//! window, seeded keys (every run sends the same); and the burst.
 
 use std::time::Instant;
 
@@ -24,12 +14,10 @@ use crate::http::{Api, Http};
 use crate::stats::{Sample, Tally};
 use crate::Plan;
 
-/// Requests of one key released together in the burst scenario.
+/// Same-key requests released together in a burst.
 pub const BURST: usize = 50;
-/// Share of new charges in the mix scenario; the rest are replays.
 pub const MIX_NEW_PERCENT: u32 = 90;
-/// The keys of the charges replays re-send: `pool-0` … `pool-<N-1>`; the
-/// pgbench scripts build the same keys.
+/// The replays' keys, `pool-0` … `pool-<N-1>`, as the scripts build them.
 pub const POOL_KEY_PREFIX: &str = "pool-";
 
 pub fn pool_key(index: usize) -> String {
@@ -38,11 +26,8 @@ pub fn pool_key(index: usize) -> String {
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Workload {
-    /// A fresh key for every request.
     New,
-    /// Keys of the pool, same body: every request is a replay.
     Replay,
-    /// MIX_NEW_PERCENT new, the rest replays.
     Mix,
 }
 
@@ -56,7 +41,6 @@ impl Workload {
     }
 }
 
-/// The keys one simulated client sends.
 pub struct Keys {
     workload: Workload,
     prefix: String,
@@ -66,8 +50,7 @@ pub struct Keys {
 }
 
 impl Keys {
-    /// The keys of `client` of `connections` in `plan`'s round: the same
-    /// every run, and no round's fresh keys the same as another's.
+    /// The same every run; no round's fresh keys another's.
     pub fn new(workload: Workload, connections: usize, client: usize, plan: &Plan) -> Self {
         let round = plan.round;
         Self {
@@ -94,7 +77,6 @@ impl Keys {
     }
 }
 
-/// `connections` clients in a closed loop for warm-up + measure.
 pub async fn closed_loop(
     api: &Api,
     workload: Workload,
@@ -125,7 +107,6 @@ pub async fn closed_loop(
     Ok(Sample { tally, seconds: plan.measure.as_secs_f64(), wal })
 }
 
-/// Sends each key once, spread over `connections` sequential clients.
 pub async fn send_all(api: &Api, connections: usize, keys: &[String]) -> Result<Tally> {
     let clients = Http::connect_many(api.addr, connections).await?;
     let runs = clients.into_iter().enumerate().map(|(client, mut http)| async move {
@@ -144,14 +125,12 @@ pub async fn send_all(api: &Api, connections: usize, keys: &[String]) -> Result<
 
 pub struct BurstCounts {
     pub rounds: u64,
-    /// Rounds in which not exactly one request created the charge (the
-    /// others must all be replays of it).
+    /// Rounds in which not exactly one request created the charge.
     pub not_created_once: u64,
 }
 
-/// Rounds of BURST requests with one fresh key, one per connection, released
-/// together by a barrier; the next round starts when all have answered.
-/// Reported once, not per client count: the width is the burst's.
+/// Rounds of BURST requests of a fresh key, one per connection, released
+/// together, each round once the last answered.
 pub async fn bursts(api: &Api, plan: &Plan) -> Result<(Sample, BurstCounts)> {
     let mut connections = Http::connect_many(api.addr, BURST).await?;
     let measured_from = Instant::now() + plan.warmup;

@@ -1,8 +1,5 @@
-//! What a measured run gave: every answer's latency in an HDR histogram
-//! (3 significant digits: a percentile is exact to 0.1 %), every status, an
-//! exact count of answers slower than [`SLOW`], and the WAL written
-//! meanwhile. Clients record into tallies of their own, merged at the end,
-//! so recording never waits.
+//! Latencies (HDR histogram, 3 digits), a count over [`SLOW`], statuses; a
+//! tally per client, merged at the end, so recording never waits.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -13,20 +10,21 @@ use hdrhistogram::Histogram;
 use crate::database::Wal;
 use crate::http::Answer;
 
-/// One of the targets is that no request is slower than this.
+/// A target: no request slower.
 pub const SLOW: Duration = Duration::from_millis(100);
 
-/// Latencies in microseconds, up to a minute (slower ones count as that).
+/// Latencies in µs up to a minute (slower count as that), and statuses.
 #[derive(Clone)]
-pub struct Latencies {
+pub struct Tally {
     histogram: Histogram<u64>,
-    slow: u64,
+    pub slow: u64,
+    statuses: BTreeMap<u16, u64>,
 }
 
-impl Latencies {
+impl Tally {
     pub fn new() -> Result<Self> {
         let histogram = Histogram::new_with_max(60_000_000, 3).context("a latency histogram")?;
-        Ok(Self { histogram, slow: 0 })
+        Ok(Self { histogram, slow: 0, statuses: BTreeMap::new() })
     }
 
     pub fn record_us(&mut self, micros: u64) {
@@ -34,9 +32,17 @@ impl Latencies {
         self.slow += u64::from(u128::from(micros) > SLOW.as_micros());
     }
 
-    pub fn merge(&mut self, other: &Latencies) -> Result<()> {
+    pub fn record(&mut self, answer: &Answer) {
+        self.record_us(u64::try_from(answer.latency.as_micros()).unwrap_or(u64::MAX));
+        *self.statuses.entry(answer.status).or_default() += 1;
+    }
+
+    pub fn merge(&mut self, other: &Tally) -> Result<()> {
         self.histogram.add(&other.histogram).context("merging latencies")?;
         self.slow += other.slow;
+        for (status, count) in &other.statuses {
+            *self.statuses.entry(*status).or_default() += count;
+        }
         Ok(())
     }
 
@@ -44,70 +50,31 @@ impl Latencies {
         self.histogram.len()
     }
 
-    /// The latency below which `quantile` of the answers fall, in ms; NaN
-    /// when nothing was recorded.
+    /// In ms; NaN when nothing was recorded.
     pub fn percentile_ms(&self, quantile: f64) -> f64 {
-        match self.histogram.is_empty() {
-            true => f64::NAN,
-            false => self.histogram.value_at_quantile(quantile) as f64 / 1000.0,
-        }
+        self.ms(self.histogram.value_at_quantile(quantile))
     }
 
     pub fn max_ms(&self) -> f64 {
-        match self.histogram.is_empty() {
-            true => f64::NAN,
-            false => self.histogram.max() as f64 / 1000.0,
-        }
+        self.ms(self.histogram.max())
     }
 
-    /// Answers slower than [`SLOW`].
-    pub fn slow(&self) -> u64 {
-        self.slow
-    }
-}
-
-/// Every latency and every status of a run.
-pub struct Tally {
-    pub latencies: Latencies,
-    statuses: BTreeMap<u16, u64>,
-}
-
-impl Tally {
-    pub fn new() -> Result<Self> {
-        Ok(Self { latencies: Latencies::new()?, statuses: BTreeMap::new() })
+    fn ms(&self, micros: u64) -> f64 {
+        Some(micros as f64 / 1000.0).filter(|_| !self.histogram.is_empty()).unwrap_or(f64::NAN)
     }
 
-    pub fn record(&mut self, answer: &Answer) {
-        self.latencies.record_us(u64::try_from(answer.latency.as_micros()).unwrap_or(u64::MAX));
-        *self.statuses.entry(answer.status).or_default() += 1;
-    }
-
-    pub fn merge(&mut self, other: &Tally) -> Result<()> {
-        self.latencies.merge(&other.latencies)?;
-        for (status, count) in &other.statuses {
-            *self.statuses.entry(*status).or_default() += count;
-        }
-        Ok(())
-    }
-
-    pub fn percentile_ms(&self, quantile: f64) -> f64 {
-        self.latencies.percentile_ms(quantile)
-    }
-
-    pub fn slow(&self) -> u64 {
-        self.latencies.slow()
+    fn failures(&self) -> impl Iterator<Item = (&u16, &u64)> {
+        self.statuses.iter().filter(|(status, _)| !(200..300).contains(*status))
     }
 
     pub fn non_2xx(&self) -> u64 {
-        self.statuses.iter().filter(|(s, _)| !(200..300).contains(*s)).map(|(_, n)| n).sum()
+        self.failures().map(|(_, count)| count).sum()
     }
 
     /// "0", or e.g. "3 (409: 2, 503: 1)".
     pub fn non_2xx_text(&self) -> String {
-        let failures: Vec<String> = (self.statuses.iter())
-            .filter(|(status, _)| !(200..300).contains(*status))
-            .map(|(status, count)| format!("{status}: {count}"))
-            .collect();
+        let failures: Vec<String> =
+            self.failures().map(|(status, count)| format!("{status}: {count}")).collect();
         match failures.is_empty() {
             true => "0".to_owned(),
             false => format!("{} ({})", self.non_2xx(), failures.join(", ")),
@@ -120,8 +87,7 @@ impl Tally {
     }
 }
 
-/// A measured run: its tally over `seconds`, and the WAL its answers
-/// (`wal.requests`: all of them, warm-up included) wrote.
+/// A tally over `seconds`, and the WAL (`wal.requests`: warm-up included).
 pub struct Sample {
     pub tally: Tally,
     pub seconds: f64,
@@ -130,24 +96,18 @@ pub struct Sample {
 
 impl Sample {
     pub fn rps(&self) -> f64 {
-        per_second(self.tally.latencies.count() as f64, self.seconds)
+        match self.seconds > 0.0 {
+            true => self.tally.count() as f64 / self.seconds,
+            false => 0.0,
+        }
     }
 
-    /// Adds a later round of the same point: its answers, time and WAL.
+    /// Adds a later round of the same point.
     pub fn merge(&mut self, other: &Sample) -> Result<()> {
         self.tally.merge(&other.tally)?;
         self.seconds += other.seconds;
         self.wal.add(&other.wal);
         Ok(())
-    }
-}
-
-/// `count / seconds`, 0 for no time.
-pub fn per_second(count: f64, seconds: f64) -> f64 {
-    if seconds > 0.0 {
-        count / seconds
-    } else {
-        0.0
     }
 }
 
@@ -157,11 +117,11 @@ mod tests {
 
     #[test]
     fn percentiles_are_exact_to_three_digits_and_slow_answers_are_counted() {
-        let mut latencies = Latencies::new().unwrap();
+        let mut latencies = Tally::new().unwrap();
         for micros in 1..=1000 {
             latencies.record_us(micros * 100); // 0.1 ms … 100 ms
         }
-        let mut slower = Latencies::new().unwrap();
+        let mut slower = Tally::new().unwrap();
         slower.record_us(250_000);
         latencies.merge(&slower).unwrap();
         assert_eq!(latencies.count(), 1001);
@@ -169,15 +129,15 @@ mod tests {
         assert!((latencies.percentile_ms(0.5) - 50.1).abs() <= 0.05);
         assert!((latencies.max_ms() - 250.0).abs() < 0.25);
         // 100 ms itself is not over the limit; 250 ms is.
-        assert_eq!(latencies.slow(), 1);
-        assert!(Latencies::new().unwrap().percentile_ms(0.99).is_nan());
+        assert_eq!(latencies.slow, 1);
+        assert!(Tally::new().unwrap().percentile_ms(0.99).is_nan());
     }
 
     #[test]
     fn samples_of_rounds_add_their_answers_time_and_wal() {
         let sample = |answers: u64, seconds: f64, fpi: f64| {
             let mut tally = Tally::new().unwrap();
-            (0..answers).for_each(|_| tally.latencies.record_us(100));
+            (0..answers).for_each(|_| tally.record_us(100));
             let wal = Wal { bytes: 1e6, fpi: Some((fpi, 1e6)), requests: answers + 100 };
             Sample { tally, seconds, wal }
         };

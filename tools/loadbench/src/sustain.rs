@@ -1,24 +1,6 @@
-//! The sustained run (`scripts/bench --sustain SECONDS`): does the service
-//! hold a steady load for minutes without its memory growing or its error
-//! rate rising?
-//!
-//! First the mix workload's maximum throughput is measured as in the
-//! benchmark (a closed loop at 32 connections); then [`CONNECTIONS`]
-//! clients send the same mix at `percent` of that rate for the run's
-//! length. The load is open: each client has a fixed schedule (client `c`
-//! of `n` sends its `k`-th request at `(k + c / n) · n / rate`), so a slow
-//! answer does not slow the offered load down; a client that falls behind
-//! sends at once, and a request's latency runs from its scheduled time.
-//!
-//! Every second: the answers that finished in it (2xx, other statuses, no
-//! answer at all) and the service's resident memory.
-//! Every minute: a full latency histogram. Over the run: the WAL per
-//! request (the server's log, with PostgreSQL's default `log_checkpoints`,
-//! says when checkpoints ran and why). Then the yardstick: the floor's mix,
-//! its maximum measured the same way, offered open-loop by pgbench
-//! (`--rate`) at `percent` of that maximum for as long, each at its own
-//! share of capacity. Like the benchmark, this measures and reports; it
-//! fails only when it cannot run.
+//! The sustained run (`--sustain SECONDS`, RELIABILITY.md): the mix's
+//! maximum, then `percent` of it open-loop (a latency from the scheduled
+//! time); then the floor's likewise through pgbench `--rate`.
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
@@ -27,22 +9,20 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 use chargeonce_testkit::memory_bytes;
 use futures_util::future::join_all;
+use statrs::statistics::Statistics;
 
 use crate::database::{BenchDatabase, Wal};
 use crate::http::{Api, Http};
 use crate::pgbench::Pgbench;
 use crate::scenario::{closed_loop, Keys, Workload};
-use crate::stats::Latencies;
+use crate::stats::Tally;
 use crate::{say, Plan};
 
-/// Clients of the sustained load: enough that the offered rate is met while
-/// a few answers are slow.
+/// Enough that the offered rate holds while a few answers are slow.
 pub const CONNECTIONS: usize = 64;
-/// Connections of the maximum-throughput measurement.
 const MAX_CONNECTIONS: usize = 32;
 
-/// One second of the run: 2xx answers, other statuses, requests without an
-/// answer, the service's VmRSS sampled in it.
+/// One second: 2xx, other statuses, no answer, the service's VmRSS.
 #[derive(Clone, Default)]
 pub struct Second {
     pub ok: u64,
@@ -62,14 +42,12 @@ pub struct Sustained {
     pub percent: u32,
     pub target_rps: f64,
     pub seconds: Vec<Second>,
-    /// Per minute (the last one may be shorter).
-    pub minutes: Vec<Latencies>,
+    pub minutes: Vec<Tally>,
     pub wal: Wal,
-    /// The floor's maximum, the rate it was offered, its minutes.
-    pub floor: (f64, f64, Vec<Latencies>),
+    /// The floor's maximum, offered rate, minutes.
+    pub floor: (f64, f64, Vec<Tally>),
 }
 
-/// Measures the maximum, then holds `percent` of it for `length`.
 pub async fn run(
     (api, db, pgbench): (&Api, &BenchDatabase, &Pgbench),
     plan: &Plan,
@@ -90,15 +68,14 @@ pub async fn run(
 
     let total_seconds = usize::try_from(length.as_secs()).context("run length")?;
     let seconds = RefCell::new(vec![Second::default(); total_seconds]);
-    let minutes = (0..total_seconds.div_ceil(60)).map(|_| Latencies::new());
+    let minutes = (0..total_seconds.div_ceil(60)).map(|_| Tally::new());
     let minutes = RefCell::new(minutes.collect::<Result<Vec<_>>>()?);
     let start = Instant::now() + Duration::from_millis(100);
     let end = start + length;
     let interval = Duration::from_secs_f64(CONNECTIONS as f64 / target_rps);
-    // `answered`: Some(success) for an answer, None for none.
+    // `answered`: Some(success), or None for no answer.
     let record = |scheduled: Instant, finished: Instant, answered: Option<bool>| {
         let index = finished.saturating_duration_since(start).as_secs() as usize;
-        let micros = finished.saturating_duration_since(scheduled).as_micros() as u64;
         if let Some(second) = seconds.borrow_mut().get_mut(index) {
             match answered {
                 Some(true) => second.ok += 1,
@@ -107,7 +84,7 @@ pub async fn run(
             }
         }
         if let Some(minute) = minutes.borrow_mut().get_mut(index / 60) {
-            minute.record_us(micros);
+            minute.record_us(finished.saturating_duration_since(scheduled).as_micros() as u64);
         }
     };
 
@@ -123,8 +100,7 @@ pub async fn run(
                     Ok(answer) => record(scheduled, answer.finished, Some(answer.is_success())),
                     Err(_) => {
                         record(scheduled, Instant::now(), None);
-                        // A new connection for the next request; if that
-                        // fails too, the run cannot go on.
+                        // A new connection; if that fails, the run ends.
                         http = Http::connect(api.addr).await?;
                     }
                 }
@@ -139,31 +115,20 @@ pub async fn run(
             tick.tick().await;
             let rss = memory_bytes(&pid.to_string(), "VmRSS:").context("the service's VmRSS")?;
             seconds.borrow_mut()[index].rss = Some(rss);
-            if (index + 1) % 60 == 0 || index + 1 == total_seconds {
-                let done = seconds.borrow();
-                let minute = &done[index.saturating_sub(59)..=index];
-                let answers: u64 = minute.iter().map(Second::answers).sum();
-                let bad: u64 = minute.iter().map(|s| s.non_2xx + s.failed).sum();
-                let rate = answers as f64 / minute.len() as f64;
-                say(format!(
-                    "{:>4} s: {rate:.0} req/s, {bad} not 2xx, RSS {:.1} MB",
-                    index + 1,
-                    mb(rss)
-                ));
+            if (index + 1) % 60 == 0 {
+                say(format!("{:>4} s: RSS {:.1} MB", index + 1, mb(rss)));
             }
         }
         anyhow::Ok(())
     };
-    // Each sustained phase from a checkpoint (superuser only, as in the
-    // benchmark).
+    // From a checkpoint, as in the benchmark.
     let _ = db.admin.batch_execute("CHECKPOINT").await;
     let mark = db.wal_mark().await?;
     let (results, sampled) = tokio::join!(join_all(clients), sampler);
     sampled?;
     results.into_iter().collect::<Result<Vec<()>>>()?;
     let (seconds, minutes) = (seconds.into_inner(), minutes.into_inner());
-    let answers = seconds.iter().map(Second::answers).sum();
-    let wal = db.wal_since(&mark, answers).await?;
+    let wal = db.wal_since(&mark, seconds.iter().map(Second::answers).sum()).await?;
     let (set, mix) = (&pgbench.floor, Workload::Mix);
     let floor_max = pgbench.run(set, mix, MAX_CONNECTIONS, plan).await?.tps;
     let rate = floor_max * f64::from(percent) / 100.0;
@@ -177,70 +142,62 @@ fn mb(bytes: u64) -> f64 {
     bytes as f64 / 1e6
 }
 
-/// Least-squares slope of `points` (x, y), in y per x.
+/// Least-squares slope; 0 without a spread.
 fn slope(points: &[(f64, f64)]) -> f64 {
-    let n = points.len() as f64;
-    let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
-    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
-    let covariance: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
-    let variance: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
-    if n < 2.0 || variance == 0.0 {
-        0.0
-    } else {
-        covariance / variance
-    }
+    let (xs, ys): (Vec<f64>, Vec<f64>) = points.iter().copied().unzip();
+    let slope = xs.iter().covariance(ys.iter()) / xs.iter().variance();
+    Some(slope).filter(|slope| slope.is_finite()).unwrap_or(0.0)
+}
+
+/// p50, p99, p99.9 and maximum in ms, "—" without a minute.
+fn quantiles(minute: Option<&Tally>) -> [String; 4] {
+    let ms = |value: Option<f64>| value.map_or("—".to_owned(), |v| format!("{v:.2}"));
+    let [p50, p99, p999] = [0.5, 0.99, 0.999].map(|q| ms(minute.map(|m| m.percentile_ms(q))));
+    [p50, p99, p999, ms(minute.map(Tally::max_ms))]
 }
 
 impl Sustained {
-    /// The report: settings, a line per minute, the verdict lines.
     pub fn markdown(&self, command: &str) -> String {
+        let (max_rps, length, target_rps) = (self.max_rps, self.seconds.len(), self.target_rps);
         let mut text = format!(
             "# Sustained load\n\nCommand: `{command}`\n\n\
-             Mix workload (as in the benchmark). Maximum measured first: {:.0} req/s \
-             (closed loop, {MAX_CONNECTIONS} connections). Offered for {} s: {:.0} req/s \
-             ({} % of it), open loop over {CONNECTIONS} connections; latency from each \
-             request's scheduled time.\n\n\
+             Mix workload (as in the benchmark). Maximum measured first: {max_rps:.0} req/s \
+             (closed loop, {MAX_CONNECTIONS} connections). Offered for {length} s: \
+             {target_rps:.0} req/s ({} % of it), open loop over {CONNECTIONS} connections; \
+             latency from each request's scheduled time.\n\n\
              | minute | answers/s | not 2xx | no answer | p50 ms | p99 ms | p99.9 ms | max ms \
              | RSS min MB | RSS max MB |\n|---|---|---|---|---|---|---|---|---|---|\n",
-            self.max_rps,
-            self.seconds.len(),
-            self.target_rps,
             self.percent
         );
+        let rss_mb = |seconds: &[Second]| {
+            let rss = || seconds.iter().filter_map(|s| s.rss);
+            let in_mb = |bytes: Option<u64>| bytes.map_or(f64::NAN, mb);
+            (in_mb(rss().min()), in_mb(rss().max()))
+        };
         for (minute, latencies) in self.minutes.iter().enumerate() {
-            let seconds = &self.seconds[minute * 60..((minute + 1) * 60).min(self.seconds.len())];
+            let seconds = &self.seconds[minute * 60..((minute + 1) * 60).min(length)];
             let sum = |field: fn(&Second) -> u64| seconds.iter().map(field).sum::<u64>();
-            let rss: Vec<u64> = seconds.iter().filter_map(|s| s.rss).collect();
-            let in_mb = |bytes: Option<&u64>| bytes.map_or(f64::NAN, |b| mb(*b));
+            let (low, high) = rss_mb(seconds);
+            let quantiles = quantiles(Some(latencies)).join(" | ");
             let _ = writeln!(
                 text,
-                "| {} | {:.0} | {} | {} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.1} |",
+                "| {} | {:.0} | {} | {} | {quantiles} | {low:.1} | {high:.1} |",
                 minute + 1,
                 sum(Second::answers) as f64 / seconds.len().max(1) as f64,
                 sum(|s| s.non_2xx),
                 sum(|s| s.failed),
-                latencies.percentile_ms(0.5),
-                latencies.percentile_ms(0.99),
-                latencies.percentile_ms(0.999),
-                latencies.max_ms(),
-                in_mb(rss.iter().min()),
-                in_mb(rss.iter().max()),
             );
         }
         let total: u64 = self.seconds.iter().map(Second::answers).sum();
         let bad: u64 = self.seconds.iter().map(|s| s.non_2xx + s.failed).sum();
-        let achieved = total as f64 / self.seconds.len().max(1) as f64;
-        // Memory after the first minute (caches fill and pools open there):
-        // the fitted slope and the first and last minute's peaks.
+        let achieved = total as f64 / length.max(1) as f64;
+        // Memory after the first minute (caches fill, pools open): a slope.
         let settled: Vec<(f64, f64)> = (self.seconds.iter().enumerate().skip(60))
             .filter_map(|(second, s)| Some((second as f64 / 60.0, mb(s.rss?))))
             .collect();
-        let last = self.seconds.len();
-        let peak = |from: usize, to: usize| {
-            let range = &self.seconds[from.min(last)..to.min(last)];
-            range.iter().filter_map(|s| s.rss).max().map_or(f64::NAN, mb)
-        };
-        let second_minute = match last >= 120 {
+        let peak =
+            |from: usize, to: usize| rss_mb(&self.seconds[from.min(length)..to.min(length)]).1;
+        let second_minute = match length >= 120 {
             true => format!("peak {:.1} MB in minute 2, ", peak(60, 120)),
             false => String::new(),
         };
@@ -251,13 +208,13 @@ impl Sustained {
              - Resident memory: {second_minute}{:.1} MB in the last minute, {:.1} MB over the \
              run; slope after the first minute {:+.3} MB per minute.\n\
              - WAL: {:.0} bytes per request ({:.0} MB a minute).\n",
-            100.0 * achieved / self.target_rps,
+            100.0 * achieved / target_rps,
             100.0 * bad as f64 / total.max(1) as f64,
-            peak(last.saturating_sub(60), last),
-            peak(0, last),
+            peak(length.saturating_sub(60), length),
+            peak(0, length),
             slope(&settled),
             self.wal.per_request().unwrap_or(f64::NAN),
-            self.wal.bytes / 1e6 / (last.max(1) as f64 / 60.0),
+            self.wal.bytes / 1e6 / (length.max(1) as f64 / 60.0),
         );
         let (floor_max, rate, floor) = &self.floor;
         let _ = write!(
@@ -270,20 +227,10 @@ impl Sustained {
              |---|---|---|---|---|---|---|---|---|\n",
             self.percent
         );
-        let cells = |minute: Option<&Latencies>| {
-            let quantiles = [0.5, 0.99, 0.999].map(|q| minute.map(|m| m.percentile_ms(q)));
-            let values = quantiles.into_iter().chain([minute.map(Latencies::max_ms)]);
-            values.map(|v| v.map_or("—".to_owned(), |v| format!("{v:.2}"))).collect::<Vec<_>>()
-        };
         for minute in 0..self.minutes.len().max(floor.len()) {
-            let (service, floor) = (cells(self.minutes.get(minute)), cells(floor.get(minute)));
-            let _ = writeln!(
-                text,
-                "| {} | {} | {} |",
-                minute + 1,
-                service.join(" | "),
-                floor.join(" | ")
-            );
+            let service = quantiles(self.minutes.get(minute)).join(" | ");
+            let floor = quantiles(floor.get(minute)).join(" | ");
+            let _ = writeln!(text, "| {} | {service} | {floor} |", minute + 1);
         }
         text
     }
@@ -301,9 +248,9 @@ mod tests {
         let second = |ok, non_2xx, rss| Second { ok, non_2xx, failed: 0, rss: Some(rss) };
         let mut seconds: Vec<Second> = (0..120).map(|_| second(100, 0, 40_000_000)).collect();
         seconds[90] = second(98, 2, 41_000_000);
-        let mut minute = Latencies::new().unwrap();
+        let mut minute = Tally::new().unwrap();
         minute.record_us(1_000);
-        let mut minute_of_floor = Latencies::new().unwrap();
+        let mut minute_of_floor = Tally::new().unwrap();
         minute_of_floor.record_us(3_000);
         let minutes = vec![minute.clone(), minute];
         let wal = Wal { bytes: 48e6, fpi: None, requests: 12_000 };
