@@ -51,16 +51,21 @@ impl Snapshot {
         let (charge, refund, event) = (id("ch", "id"), id("re", "id"), id("evt", "id"));
         let (charge_of, refund_of) = (id("ch", "charge_id"), id("re", "refund_id"));
         let event_of = id("evt", "event_id");
+        // Each row built by json_build_object: on Citus a subquery's row
+        // reaches json_agg without its column names.
         let sql = format!(
             "SELECT json_build_object(\
-               'charges', (SELECT coalesce(json_agg(r), '[]') FROM (SELECT {charge} AS id, \
-                 client_idempotency_key AS key, status, amount, amount_refunded, refunds_reserved, \
-                 processor_payment_id AS processor_id, processor_attempts FROM charges) r), \
-               'refunds', (SELECT coalesce(json_agg(r), '[]') FROM (SELECT {refund} AS id, \
-                 {charge_of} AS charge_id, client_idempotency_key AS key, status, amount, \
-                 processor_refund_id AS processor_id, processor_attempts FROM refunds) r), \
-               'events', (SELECT coalesce(json_agg(r), '[]') FROM (SELECT {event} AS id, type AS kind, \
-                 coalesce({charge_of}, {refund_of}) AS object FROM events) r), \
+               'charges', (SELECT coalesce(json_agg(json_build_object('id', {charge}, \
+                 'key', client_idempotency_key, 'status', status, 'amount', amount, \
+                 'amount_refunded', amount_refunded, 'refunds_reserved', refunds_reserved, \
+                 'processor_id', processor_payment_id, \
+                 'processor_attempts', processor_attempts)), '[]') FROM charges), \
+               'refunds', (SELECT coalesce(json_agg(json_build_object('id', {refund}, \
+                 'charge_id', {charge_of}, 'key', client_idempotency_key, 'status', status, \
+                 'amount', amount, 'processor_id', processor_refund_id, \
+                 'processor_attempts', processor_attempts)), '[]') FROM refunds), \
+               'events', (SELECT coalesce(json_agg(json_build_object('id', {event}, \
+                 'kind', type, 'object', coalesce({charge_of}, {refund_of}))), '[]') FROM events), \
                'deliveries', (SELECT coalesce(json_object_agg(status, n), '{{}}') FROM \
                  (SELECT status, count(*) AS n FROM webhook_deliveries GROUP BY status) d), \
                'undelivered', (SELECT coalesce(json_agg({event_of} || ' ' || status || ' ' || \
