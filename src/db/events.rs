@@ -33,10 +33,9 @@ use crate::domain::{Event, EventId, EventType, MerchantId};
 /// being told, so both can be sent together. So an event is in the queue
 /// exactly when it committed and has somewhere to go. An event no endpoint
 /// wants costs no queue row and no fan-out, so a merchant without endpoints
-/// pays for neither (fanning out every event took a third of the new
-/// charges' throughput on 2 cores: BENCHMARKS.md, "Decisions the
-/// measurements shaped"). An endpoint gets the events that commit once it
-/// exists.
+/// pays for neither (fanning out every event cost it an eighth of its new
+/// charges on 2 cores: BENCHMARKS.md, "Decisions the measurements
+/// shaped"). An endpoint gets the events that commit once it exists.
 pub const QUEUE: Statement = Statement {
     sql: "INSERT INTO event_queue (event_id, merchant_id, type) \
           SELECT ev.id, ev.merchant_id, ev.type FROM events ev \
