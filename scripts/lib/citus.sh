@@ -362,9 +362,9 @@ citus_bench_one() {
     for _ in $(seq 100); do curl -sf "$base/readyz" >/dev/null && break; sleep 0.1; done
     local args=(-t2 -c32 --latency -H "Authorization: Bearer $key" -H "Content-Type: application/json")
     wrk "${args[@]}" -d3s -s "$work/new.lua" "$base" >/dev/null # warm-up
-    [[ -n $citus ]] && citus_bench_reset_counters "$url"
+    [[ -n $citus ]] && citus_bench_reset_counters
     wrk "${args[@]}" -d20s -s "$work/new.lua" "$base" >"$work/new.txt"
-    [[ -n $citus ]] && citus_bench_shards "$url" "$(awk '/requests in/ {print $1}' "$work/new.txt")" >"$work/shards.txt"
+    [[ -n $citus ]] && citus_bench_shards "$(awk '/requests in/ {print $1}' "$work/new.txt")" >"$work/shards.txt"
     # The replayed charge exists before its replays start.
     curl -sf -o /dev/null -X POST "${args[@]:3}" -H "Idempotency-Key: replay-one" \
         -d '{"amount": 1000, "currency": "USD"}' "$base/v1/charges"
@@ -390,15 +390,16 @@ citus_bench_reset_counters() {
     citus_psql 0 postgres -c 'ALTER SYSTEM SET citus.enable_stat_counters = on' \
         -c 'SELECT pg_reload_conf()' >/dev/null
     sleep 0.2
-    psql -X -q "$1" -c 'SELECT citus_stat_counters_reset(oid) FROM pg_database WHERE datname = current_database()' >/dev/null
+    citus_psql 0 "$CITUS_APP_DATABASE" \
+        -c 'SELECT citus_stat_counters_reset(oid) FROM pg_database WHERE datname = current_database()' >/dev/null
 }
 
 # The statements of the last run by how many shards Citus ran them on
-# (DATABASE_URL REQUESTS): one (the statement named one merchant) or
-# several (the background workers' reads across merchants).
+# (REQUESTS: how many new charges it made): one (the statement named one
+# merchant) or several (the background workers' reads across merchants).
 citus_bench_shards() {
-    local requests=$2 one several
-    read -r one several < <(psql -X -A -F ' ' -t "$1" -c "
+    local requests=$1 one several
+    read -r one several < <(citus_psql 0 "$CITUS_APP_DATABASE" -F ' ' -c "
         SELECT query_execution_single_shard, query_execution_multi_shard
           FROM citus_stat_counters WHERE name = current_database()")
     echo "On Citus, during the $requests new charges: $one statements ran on one shard" \

@@ -35,7 +35,9 @@ use crate::domain::{Event, EventId, EventType, MerchantId};
 /// wants costs no queue row and no fan-out, so a merchant without endpoints
 /// pays for neither (fanning out every event cost it an eighth of its new
 /// charges on 2 cores: BENCHMARKS.md, "Decisions the measurements
-/// shaped"). An endpoint gets the events that commit once it exists.
+/// shaped"). An endpoint gets the events that commit once it exists. What
+/// "wants" means is [`FAN_OUT`]'s join on `webhook_endpoints`: the two
+/// conditions change together.
 pub const QUEUE: Statement = Statement {
     sql: "INSERT INTO event_queue (event_id, merchant_id, type) \
           SELECT ev.id, ev.merchant_id, ev.type FROM events ev \
