@@ -103,6 +103,12 @@ fn render(c: &mut Criterion) {
     c.bench_function("serde_json::to_string(&Charge)", |b| {
         b.iter(|| serde_json::to_string(black_box(&charge)))
     });
+    // Every answer that stored or replayed a key, cached replays included,
+    // carries its window's end (Idempotency-Key-Expires).
+    let window_end = Utc::now();
+    c.bench_function("IMF-fixdate of Idempotency-Key-Expires", |b| {
+        b.iter(|| chargeonce::error::http_date(black_box(window_end)))
+    });
 }
 
 /// The cache as a busy service has it: built from the shipped defaults

@@ -19,9 +19,13 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 /// a key whose window has ended.
 pub const KEY_EXPIRES: &str = "idempotency-key-expires";
 
-/// `at` as an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
+/// `at` as an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), to the
+/// second. Every cached replay formats one, so this is `httpdate`'s
+/// fixed-width writer (the one actix-http dates its answers with), not a
+/// format string interpreted at each call: 0.1 µs instead of about 1 µs
+/// (`cargo bench --bench hot_paths`, "IMF-fixdate").
 pub fn http_date(at: chrono::DateTime<chrono::Utc>) -> String {
-    at.format("%a, %d %b %Y %H:%M:%S GMT").to_string()
+    httpdate::fmt_http_date(std::time::SystemTime::from(at))
 }
 
 /// `: amount, metadata.order differ` for the detail of a reused key.
@@ -363,5 +367,16 @@ impl ResponseError for ApiError {
             response.insert_header(header);
         }
         response.body(body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_imf_fixdate_is_rfc_9110s_example_to_the_second() {
+        let at = chrono::DateTime::from_timestamp(784_111_777, 999_000_000).expect("in range");
+        assert_eq!(http_date(at), "Sun, 06 Nov 1994 08:49:37 GMT");
     }
 }
