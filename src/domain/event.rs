@@ -10,8 +10,8 @@ use serde_json::Value;
 
 use super::{EventId, MerchantId};
 
-/// The kinds of event; the database allows exactly these
-/// (`events_type_valid`, `webhook_endpoints_types_valid`).
+/// The kinds of event; the database allows exactly these (the rule
+/// `events_type_valid` of `events_rules`, `webhook_endpoints_types_valid`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum EventType {
     ChargePending,

@@ -715,6 +715,85 @@ async fn the_database_refuses_books_that_break_the_refund_rules() {
     assert_eq!(updated, 1);
 }
 
+/// Every rule of a charge, a refund and an event is still refused under its
+/// own name, though one CHECK per table checks them all (migration V10),
+/// and a rule on an absent value (a NULL customer) passes, as in a CHECK.
+#[tokio::test]
+async fn each_rule_refuses_a_row_under_its_own_name() {
+    let app = spawn_app().await;
+    let charge = app.succeeded_charge("rules-charge", 1000).await;
+    let refund = app
+        .post_refund(&charge, "rules-refund", r#"{"amount":100}"#)
+        .await;
+    assert_eq!(refund.status, 201, "{}", refund.body);
+    let refund = refund.json()["id"].as_str().unwrap().to_owned();
+    let charge = uuid::Uuid::parse_str(charge.trim_start_matches("ch_")).unwrap();
+    let refund = uuid::Uuid::parse_str(refund.trim_start_matches("re_")).unwrap();
+    let sql = app.sql().await;
+    for (update, id, rule) in [
+        (
+            "UPDATE charges SET status = 'done' WHERE id = $1",
+            charge,
+            "charges_status_valid",
+        ),
+        (
+            "UPDATE charges SET currency = 'usd' WHERE id = $1",
+            charge,
+            "charges_currency_format",
+        ),
+        (
+            "UPDATE charges SET amount = 0 WHERE id = $1",
+            charge,
+            "charges_amount_range",
+        ),
+        (
+            "UPDATE charges SET locked_until = now() WHERE id = $1",
+            charge,
+            "charges_final_has_no_lease",
+        ),
+        (
+            "UPDATE charges SET failure_code = 'card_declined' WHERE id = $1",
+            charge,
+            "charges_failure_iff_failed",
+        ),
+        (
+            "UPDATE refunds SET reason = 'whim' WHERE id = $1",
+            refund,
+            "refunds_reason_valid",
+        ),
+        (
+            "UPDATE refunds SET metadata = '[]' WHERE id = $1",
+            refund,
+            "refunds_metadata_object",
+        ),
+        (
+            "UPDATE events SET type = 'charge.refunded' WHERE charge_id = $1",
+            charge,
+            "events_type_valid",
+        ),
+        (
+            "UPDATE events SET type = 'refund.succeeded' WHERE charge_id = $1",
+            charge,
+            "events_about_its_object",
+        ),
+    ] {
+        let error = sql.execute(update, &[&id]).await.unwrap_err();
+        assert_eq!(
+            crate::helpers::broken_constraint(&error).as_deref(),
+            Some(rule),
+            "{update}: {error:?}"
+        );
+    }
+    let updated = sql
+        .execute(
+            "UPDATE charges SET customer = NULL, description = NULL WHERE id = $1",
+            &[&charge],
+        )
+        .await
+        .unwrap();
+    assert_eq!(updated, 1);
+}
+
 /// A refund whose COMMIT outlives the statement deadline: the request
 /// answers 503 ("nothing was processed") while PostgreSQL commits the row
 /// a moment later. That row is undone as soon as it can be seen, so it is
