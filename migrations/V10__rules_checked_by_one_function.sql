@@ -20,6 +20,8 @@
 -- constraint field and its message), as the separate CHECKs did. A rule
 -- whose expression is NULL passes, as in a CHECK. The key format stays a
 -- CHECK of its own, the same expression on every table that holds keys.
+-- What charges and refunds share, as records of one lifecycle, is
+-- `record_rules`, checked before each table's own rules.
 --
 -- A change of a rule is a new migration that replaces the function
 -- (CREATE OR REPLACE keeps the constraints that call it) and validates
@@ -39,44 +41,59 @@ BEGIN
 END
 $f$;
 
+-- The rules every record of the lifecycle (charges, refunds) keeps, named
+-- after its table (`tbl`).
+CREATE FUNCTION record_rules(
+    tbl text, currency text, metadata jsonb, status text, failure_code text,
+    locked_until timestamptz, processor_attempts integer, request_fingerprint bytea)
+    RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $f$
+BEGIN
+    IF NOT (currency ~ '^[A-Z]{3}$') THEN
+        RETURN broken_rule(tbl, tbl || '_currency_format');
+    END IF;
+    IF NOT (jsonb_typeof(metadata) = 'object') THEN
+        RETURN broken_rule(tbl, tbl || '_metadata_object');
+    END IF;
+    IF NOT (status IN ('pending', 'succeeded', 'failed')) THEN
+        RETURN broken_rule(tbl, tbl || '_status_valid');
+    END IF;
+    IF NOT ((status = 'failed') = (failure_code IS NOT NULL)) THEN
+        RETURN broken_rule(tbl, tbl || '_failure_iff_failed');
+    END IF;
+    IF NOT (status <> 'pending' OR locked_until IS NOT NULL) THEN
+        RETURN broken_rule(tbl, tbl || '_pending_has_lease');
+    END IF;
+    IF NOT (status = 'pending' OR locked_until IS NULL) THEN
+        RETURN broken_rule(tbl, tbl || '_final_has_no_lease');
+    END IF;
+    IF NOT (processor_attempts >= 0) THEN
+        RETURN broken_rule(tbl, tbl || '_processor_attempts_non_negative');
+    END IF;
+    IF NOT (octet_length(request_fingerprint) = 32) THEN
+        RETURN broken_rule(tbl, tbl || '_fingerprint_length');
+    END IF;
+    RETURN true;
+END
+$f$;
+
 CREATE FUNCTION charges_rules(
     amount bigint, currency text, customer text, description text, metadata jsonb,
     status text, failure_code text, locked_until timestamptz, processor_attempts integer,
     request_fingerprint bytea, refunds_reserved bigint, amount_refunded bigint)
     RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $f$
 BEGIN
+    IF NOT record_rules('charges', currency, metadata, status, failure_code, locked_until,
+                        processor_attempts, request_fingerprint) THEN
+        RETURN false;
+    END IF;
     IF NOT (amount > 0 AND amount <= 99999999999) THEN
         RETURN broken_rule('charges', 'charges_amount_range');
-    END IF;
-    IF NOT (currency ~ '^[A-Z]{3}$') THEN
-        RETURN broken_rule('charges', 'charges_currency_format');
     END IF;
     IF NOT (char_length(customer) <= 255) THEN
         RETURN broken_rule('charges', 'charges_customer_length');
     END IF;
     IF NOT (char_length(description) <= 1000) THEN
         RETURN broken_rule('charges', 'charges_description_length');
-    END IF;
-    IF NOT (jsonb_typeof(metadata) = 'object') THEN
-        RETURN broken_rule('charges', 'charges_metadata_object');
-    END IF;
-    IF NOT (status IN ('pending', 'succeeded', 'failed')) THEN
-        RETURN broken_rule('charges', 'charges_status_valid');
-    END IF;
-    IF NOT ((status = 'failed') = (failure_code IS NOT NULL)) THEN
-        RETURN broken_rule('charges', 'charges_failure_iff_failed');
-    END IF;
-    IF NOT (status <> 'pending' OR locked_until IS NOT NULL) THEN
-        RETURN broken_rule('charges', 'charges_pending_has_lease');
-    END IF;
-    IF NOT (status = 'pending' OR locked_until IS NULL) THEN
-        RETURN broken_rule('charges', 'charges_final_has_no_lease');
-    END IF;
-    IF NOT (processor_attempts >= 0) THEN
-        RETURN broken_rule('charges', 'charges_processor_attempts_non_negative');
-    END IF;
-    IF NOT (octet_length(request_fingerprint) = 32) THEN
-        RETURN broken_rule('charges', 'charges_fingerprint_length');
     END IF;
     IF NOT (refunds_reserved >= 0 AND refunds_reserved <= amount) THEN
         RETURN broken_rule('charges', 'charges_refunds_within_amount');
@@ -97,35 +114,15 @@ CREATE FUNCTION refunds_rules(
     request_fingerprint bytea)
     RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $f$
 BEGIN
+    IF NOT record_rules('refunds', currency, metadata, status, failure_code, locked_until,
+                        processor_attempts, request_fingerprint) THEN
+        RETURN false;
+    END IF;
     IF NOT (amount > 0) THEN
         RETURN broken_rule('refunds', 'refunds_amount_positive');
     END IF;
-    IF NOT (currency ~ '^[A-Z]{3}$') THEN
-        RETURN broken_rule('refunds', 'refunds_currency_format');
-    END IF;
     IF NOT (reason IN ('duplicate', 'fraudulent', 'requested_by_customer')) THEN
         RETURN broken_rule('refunds', 'refunds_reason_valid');
-    END IF;
-    IF NOT (jsonb_typeof(metadata) = 'object') THEN
-        RETURN broken_rule('refunds', 'refunds_metadata_object');
-    END IF;
-    IF NOT (status IN ('pending', 'succeeded', 'failed')) THEN
-        RETURN broken_rule('refunds', 'refunds_status_valid');
-    END IF;
-    IF NOT ((status = 'failed') = (failure_code IS NOT NULL)) THEN
-        RETURN broken_rule('refunds', 'refunds_failure_iff_failed');
-    END IF;
-    IF NOT (status <> 'pending' OR locked_until IS NOT NULL) THEN
-        RETURN broken_rule('refunds', 'refunds_pending_has_lease');
-    END IF;
-    IF NOT (status = 'pending' OR locked_until IS NULL) THEN
-        RETURN broken_rule('refunds', 'refunds_final_has_no_lease');
-    END IF;
-    IF NOT (processor_attempts >= 0) THEN
-        RETURN broken_rule('refunds', 'refunds_processor_attempts_non_negative');
-    END IF;
-    IF NOT (octet_length(request_fingerprint) = 32) THEN
-        RETURN broken_rule('refunds', 'refunds_fingerprint_length');
     END IF;
     RETURN true;
 END

@@ -22,7 +22,7 @@ pub const KEY_EXPIRES: &str = "idempotency-key-expires";
 /// `at` as an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), to the
 /// second. Every cached replay formats one, so this is `httpdate`'s
 /// fixed-width writer (the one actix-http dates its answers with), not a
-/// format string interpreted at each call: 0.1 µs instead of about 1 µs
+/// format string interpreted at each call: 53 ns instead of chrono's 308
 /// (`cargo bench --bench hot_paths`, "IMF-fixdate").
 pub fn http_date(at: chrono::DateTime<chrono::Utc>) -> String {
     httpdate::fmt_http_date(std::time::SystemTime::from(at))
