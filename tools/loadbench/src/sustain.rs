@@ -22,13 +22,58 @@ use crate::{say, Plan};
 pub const CONNECTIONS: usize = 64;
 const MAX_CONNECTIONS: usize = 32;
 
-/// One second: 2xx, other statuses, no answer, the service's VmRSS.
+/// One second: 2xx, other statuses, no answer, the service's VmRSS, the
+/// slowest answer that ended in it and what the machine's CPUs did in it.
 #[derive(Clone, Default)]
 pub struct Second {
     pub ok: u64,
     pub non_2xx: u64,
     pub failed: u64,
     pub rss: Option<u64>,
+    pub slowest_us: u64,
+    pub cpu: Option<CpuShares>,
+}
+
+/// Shares of the machine's CPU time in one second, in %: busy (user,
+/// system, interrupts), waiting for I/O, taken by the hypervisor (steal).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CpuShares {
+    pub busy: f64,
+    pub iowait: f64,
+    pub steal: f64,
+}
+
+/// The `cpu` line of /proc/stat: jiffies per state since boot.
+#[derive(Clone, Copy, Default)]
+struct CpuTimes([u64; 8]);
+
+impl CpuTimes {
+    fn read() -> Option<Self> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        Self::parse(stat.lines().next()?)
+    }
+
+    /// `cpu  user nice system idle iowait irq softirq steal ...`
+    fn parse(line: &str) -> Option<Self> {
+        let mut fields = line.strip_prefix("cpu ")?.split_whitespace();
+        let mut times = [0; 8];
+        for time in &mut times {
+            *time = fields.next()?.parse().ok()?;
+        }
+        Some(Self(times))
+    }
+
+    fn shares_since(&self, earlier: &Self) -> Option<CpuShares> {
+        let delta: Vec<f64> =
+            (0..8).map(|i| self.0[i].saturating_sub(earlier.0[i]) as f64).collect();
+        let total: f64 = delta.iter().sum();
+        let share = |jiffies: f64| 100.0 * jiffies / total;
+        (total > 0.0).then(|| CpuShares {
+            busy: share(delta[0] + delta[1] + delta[2] + delta[5] + delta[6]),
+            iowait: share(delta[4]),
+            steal: share(delta[7]),
+        })
+    }
 }
 
 impl Second {
@@ -44,6 +89,11 @@ pub struct Sustained {
     pub seconds: Vec<Second>,
     pub minutes: Vec<Tally>,
     pub wal: Wal,
+    /// Checkpoints PostgreSQL started during the service's run.
+    pub checkpoints: Option<i64>,
+    /// Wall-clock time of the run's first second, to match a slow second
+    /// with the database's log.
+    pub started: chrono::DateTime<chrono::Utc>,
     /// The floor's maximum, offered rate, minutes.
     pub floor: (f64, f64, Vec<Tally>),
 }
@@ -83,8 +133,12 @@ pub async fn run(
                 None => second.failed += 1,
             }
         }
+        let latency_us = finished.saturating_duration_since(scheduled).as_micros() as u64;
+        if let Some(second) = seconds.borrow_mut().get_mut(index) {
+            second.slowest_us = second.slowest_us.max(latency_us);
+        }
         if let Some(minute) = minutes.borrow_mut().get_mut(index / 60) {
-            minute.record_us(finished.saturating_duration_since(scheduled).as_micros() as u64);
+            minute.record_us(latency_us);
         }
     };
 
@@ -111,10 +165,17 @@ pub async fn run(
     });
     let sampler = async {
         let mut tick = tokio::time::interval_at(start.into(), Duration::from_secs(1));
+        tick.tick().await;
+        let mut cpu = CpuTimes::read();
         for index in 0..total_seconds {
             tick.tick().await;
             let rss = memory_bytes(&pid.to_string(), "VmRSS:").context("the service's VmRSS")?;
-            seconds.borrow_mut()[index].rss = Some(rss);
+            let now = CpuTimes::read();
+            let shares = now.zip(cpu).and_then(|(now, then)| now.shares_since(&then));
+            cpu = now;
+            let mut seconds = seconds.borrow_mut();
+            seconds[index].rss = Some(rss);
+            seconds[index].cpu = shares;
             if (index + 1) % 60 == 0 {
                 say(format!("{:>4} s: RSS {:.1} MB", index + 1, mb(rss)));
             }
@@ -124,18 +185,38 @@ pub async fn run(
     // From a checkpoint, as in the benchmark.
     let _ = db.admin.batch_execute("CHECKPOINT").await;
     let mark = db.wal_mark().await?;
+    let checkpoints_before = checkpoints(db).await;
+    let started = chrono::Utc::now() + chrono::Duration::milliseconds(100);
     let (results, sampled) = tokio::join!(join_all(clients), sampler);
     sampled?;
     results.into_iter().collect::<Result<Vec<()>>>()?;
     let (seconds, minutes) = (seconds.into_inner(), minutes.into_inner());
     let wal = db.wal_since(&mark, seconds.iter().map(Second::answers).sum()).await?;
+    let checkpoints =
+        checkpoints(db).await.zip(checkpoints_before).map(|(after, before)| after - before);
     let (set, mix) = (&pgbench.floor, Workload::Mix);
     let floor_max = pgbench.run(set, mix, MAX_CONNECTIONS, plan).await?.tps;
     let rate = floor_max * f64::from(percent) / 100.0;
     say(format!("floor: maximum {floor_max:.0} TPS; offering {rate:.0}/s open-loop"));
     let _ = db.admin.batch_execute("CHECKPOINT").await;
     let floor = (floor_max, rate, pgbench.open_loop(set, mix, (CONNECTIONS, rate), length).await?);
-    Ok(Sustained { max_rps, percent, target_rps, seconds, minutes, wal, floor })
+    Ok(Sustained {
+        max_rps,
+        percent,
+        target_rps,
+        seconds,
+        minutes,
+        wal,
+        checkpoints,
+        started,
+        floor,
+    })
+}
+
+/// Checkpoints PostgreSQL has started (timed or requested), if it says.
+async fn checkpoints(db: &BenchDatabase) -> Option<i64> {
+    let sql = "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter";
+    db.admin.query_one(sql, &[]).await.ok().map(|row| row.get(0))
 }
 
 fn mb(bytes: u64) -> f64 {
@@ -156,7 +237,44 @@ fn quantiles(minute: Option<&Tally>) -> [String; 4] {
     [p50, p99, p999, ms(minute.map(Tally::max_ms))]
 }
 
+/// How many of the slowest seconds the report lists.
+const SLOWEST_SECONDS: usize = 5;
+
 impl Sustained {
+    /// Where a slow minute came from: the checkpoints of the run, the
+    /// machine's CPU over it, and its slowest seconds by wall-clock time
+    /// (to match with PostgreSQL's log), each with what the CPUs did then.
+    fn slowest_seconds(&self) -> String {
+        let checkpoints = self.checkpoints.map_or("not known".to_owned(), |n| n.to_string());
+        let busy: Vec<f64> = self.seconds.iter().filter_map(|s| Some(s.cpu?.busy)).collect();
+        let mean_busy = busy.iter().sum::<f64>() / busy.len().max(1) as f64;
+        let mut text = format!(
+            "- PostgreSQL checkpoints started during the run: {checkpoints}. The machine's CPUs \
+             (service, PostgreSQL, this load generator) were {mean_busy:.0} % busy on average.\n\
+             - Slowest seconds (the slowest answer that ended in each):"
+        );
+        let mut slowest: Vec<(usize, &Second)> = self.seconds.iter().enumerate().collect();
+        slowest.sort_by_key(|(_, second)| std::cmp::Reverse(second.slowest_us));
+        for (index, second) in slowest.into_iter().take(SLOWEST_SECONDS) {
+            let at = self.started + chrono::Duration::seconds(index as i64);
+            let cpu = second.cpu.map_or(String::new(), |cpu| {
+                format!(
+                    "; CPUs {:.0} % busy, {:.0} % waiting for I/O, {:.0} % stolen",
+                    cpu.busy, cpu.iowait, cpu.steal
+                )
+            });
+            let _ = write!(
+                text,
+                "\n  - {} UTC (second {}): {:.1} ms{cpu}",
+                at.format("%H:%M:%S"),
+                index + 1,
+                second.slowest_us as f64 / 1e3,
+            );
+        }
+        text.push('\n');
+        text
+    }
+
     pub fn markdown(&self, command: &str) -> String {
         let (max_rps, length, target_rps) = (self.max_rps, self.seconds.len(), self.target_rps);
         let mut text = format!(
@@ -216,6 +334,7 @@ impl Sustained {
             self.wal.per_request().unwrap_or(f64::NAN),
             self.wal.bytes / 1e6 / (length.max(1) as f64 / 60.0),
         );
+        text += &self.slowest_seconds();
         let (floor_max, rate, floor) = &self.floor;
         let _ = write!(
             text,
@@ -245,9 +364,17 @@ mod tests {
         let line: Vec<(f64, f64)> = (0..10).map(|x| (x as f64, 3.0 * x as f64 + 1.0)).collect();
         assert!((slope(&line) - 3.0).abs() < 1e-9);
         assert_eq!(slope(&[(1.0, 2.0)]), 0.0);
-        let second = |ok, non_2xx, rss| Second { ok, non_2xx, failed: 0, rss: Some(rss) };
+        let second = |ok, non_2xx, rss| Second {
+            ok,
+            non_2xx,
+            rss: Some(rss),
+            slowest_us: 2_000,
+            ..Second::default()
+        };
         let mut seconds: Vec<Second> = (0..120).map(|_| second(100, 0, 40_000_000)).collect();
         seconds[90] = second(98, 2, 41_000_000);
+        seconds[30].slowest_us = 640_000;
+        seconds[30].cpu = Some(CpuShares { busy: 97.0, iowait: 2.0, steal: 1.0 });
         let mut minute = Tally::new().unwrap();
         minute.record_us(1_000);
         let mut minute_of_floor = Tally::new().unwrap();
@@ -262,6 +389,8 @@ mod tests {
             seconds,
             minutes,
             wal,
+            checkpoints: Some(1),
+            started: "2026-12-06T01:00:00Z".parse().unwrap(),
             floor,
         };
         let report = run.markdown("scripts/bench --sustain 120");
@@ -272,5 +401,21 @@ mod tests {
         assert!(report.contains("4000 bytes per request (24 MB a minute)"), "{report}");
         assert!(report.contains("| 1 | 1.00 | 1.00 | 1.00 | 1.00 | 3.00 | 3.00 |"), "{report}");
         assert!(report.contains("| 2 | 1.00 | 1.00 | 1.00 | 1.00 | — | — | — | — |"), "{report}");
+        assert!(report.contains("checkpoints started during the run: 1."), "{report}");
+        let slowest = "  - 01:00:30 UTC (second 31): 640.0 ms; CPUs 97 % busy, 2 % waiting for \
+                       I/O, 1 % stolen\n  - ";
+        assert!(report.contains(slowest), "{report}");
+        assert_eq!(report.matches(" UTC (second ").count(), SLOWEST_SECONDS, "{report}");
+    }
+
+    #[test]
+    fn cpu_shares_come_from_two_readings_of_proc_stat() {
+        let earlier = CpuTimes::parse("cpu  100 0 50 800 10 0 0 0 0 0").unwrap();
+        let later = CpuTimes::parse("cpu  150 0 60 820 15 0 5 10 0 0").unwrap();
+        let shares = later.shares_since(&earlier).unwrap();
+        assert_eq!(shares, CpuShares { busy: 65.0, iowait: 5.0, steal: 10.0 });
+        assert!(later.shares_since(&later).is_none(), "no time passed");
+        assert!(CpuTimes::parse("cpu0 1 2 3").is_none());
+        assert!(CpuTimes::read().is_some(), "this machine has /proc/stat");
     }
 }
