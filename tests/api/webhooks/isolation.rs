@@ -34,12 +34,17 @@ fn charge_of(received: &Received) -> String {
 /// a few round trips between three PostgreSQL servers that share the test
 /// machine's cores with the service, and each attempt and outcome is a
 /// transaction of a few statements (each reaching one worker), so the bound
-/// is 8 s there (measured alone: 4.5-5.6 s); what the
-/// test guards, that the flood does not hold the other merchant up until
-/// it has drained (tens of seconds, and without bound before), holds alike.
+/// is 12 s there: measured alone 4.5-5.6 s, and 8.07 s once in CI's Citus
+/// pass, with the rest of the suite running beside it. What the test
+/// guards, that the flood does not hold the other merchant up until it has
+/// drained (tens of seconds, and without bound before), holds alike. Open:
+/// on Citus the other merchant's events arrive together, about a second
+/// after the flood's last charge (each one's wait shrinks by the time of
+/// the 20 charges between them), as if the dispatcher's pass did not reach
+/// them while the charges went on; on one PostgreSQL they do not.
 async fn other_merchants_bound() -> Duration {
     if chargeonce_testkit::on_citus().await {
-        Duration::from_secs(8)
+        Duration::from_secs(12)
     } else {
         Duration::from_secs(2)
     }
