@@ -84,6 +84,12 @@ impl BenchDatabase {
         Ok(row.context("pg_current_wal_flush_lsn()")?.get(0))
     }
 
+    /// Checkpoints PostgreSQL has started (timed or requested), if it says.
+    pub async fn checkpoints(&self) -> Option<i64> {
+        let sql = "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter";
+        self.admin.query_one(sql, &[]).await.ok().map(|row| row.get(0))
+    }
+
     /// The WAL since `mark`, from LSNs (pg_stat_wal lags behind idle backends).
     pub async fn wal_since(&self, mark: &str, requests: u64) -> Result<Wal> {
         let (lsn, db) = ("$1::text::pg_lsn", &self.client);

@@ -36,7 +36,7 @@ pub struct Second {
 
 /// Shares of the machine's CPU time in one second, in %: busy (user,
 /// system, interrupts), waiting for I/O, taken by the hypervisor (steal).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CpuShares {
     pub busy: f64,
     pub iowait: f64,
@@ -44,7 +44,7 @@ pub struct CpuShares {
 }
 
 /// The `cpu` line of /proc/stat: jiffies per state since boot.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct CpuTimes([u64; 8]);
 
 impl CpuTimes {
@@ -185,7 +185,7 @@ pub async fn run(
     // From a checkpoint, as in the benchmark.
     let _ = db.admin.batch_execute("CHECKPOINT").await;
     let mark = db.wal_mark().await?;
-    let checkpoints_before = checkpoints(db).await;
+    let checkpoints_before = db.checkpoints().await;
     let started = chrono::Utc::now() + chrono::Duration::milliseconds(100);
     let (results, sampled) = tokio::join!(join_all(clients), sampler);
     sampled?;
@@ -193,7 +193,7 @@ pub async fn run(
     let (seconds, minutes) = (seconds.into_inner(), minutes.into_inner());
     let wal = db.wal_since(&mark, seconds.iter().map(Second::answers).sum()).await?;
     let checkpoints =
-        checkpoints(db).await.zip(checkpoints_before).map(|(after, before)| after - before);
+        db.checkpoints().await.zip(checkpoints_before).map(|(after, before)| after - before);
     let (set, mix) = (&pgbench.floor, Workload::Mix);
     let floor_max = pgbench.run(set, mix, MAX_CONNECTIONS, plan).await?.tps;
     let rate = floor_max * f64::from(percent) / 100.0;
@@ -211,12 +211,6 @@ pub async fn run(
         started,
         floor,
     })
-}
-
-/// Checkpoints PostgreSQL has started (timed or requested), if it says.
-async fn checkpoints(db: &BenchDatabase) -> Option<i64> {
-    let sql = "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter";
-    db.admin.query_one(sql, &[]).await.ok().map(|row| row.get(0))
 }
 
 fn mb(bytes: u64) -> f64 {
