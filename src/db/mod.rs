@@ -490,6 +490,8 @@ pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
     ),
     ("webhook_deliveries::DUE", webhook_deliveries::DUE),
     ("webhook_deliveries::CLAIM", webhook_deliveries::CLAIM),
+    ("webhook_deliveries::HOLD", webhook_deliveries::HOLD),
+    ("webhook_deliveries::GIVE_UP", webhook_deliveries::GIVE_UP),
     (
         "webhook_deliveries::RECORD_ATTEMPT",
         webhook_deliveries::RECORD_ATTEMPT,

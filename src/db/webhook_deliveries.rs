@@ -15,6 +15,7 @@
 //! one transaction: so on a database distributed by merchant every change
 //! runs on one shard.
 
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -95,6 +96,73 @@ pub const CLAIM: Statement = Statement {
                     ev.id AS event_id, ev.type AS event_type, ev.data AS event_data, \
                     ev.created_at AS event_created_at",
     params: &[Type::UUID, Type::UUID, Type::INT8],
+};
+
+/// Holds back those of the merchant `$1`'s deliveries `$2` that are still
+/// pending and due and whose endpoint's circuit breaker is open, until the
+/// end of its pause, as `CLAIM` would; the others are left as they are.
+/// With `GIVE_UP`, the dispatcher settles so the rest of a window's
+/// deliveries to endpoints it knows closed, one statement each per merchant
+/// and round: a backlog behind a dead endpoint leaves the due deliveries in
+/// a few rounds, not one delivery a round (the open breaker's share) with
+/// every other merchant's waiting behind it, and on Citus with one round
+/// trip, not one per delivery.
+///
+/// Its form keeps the plan a probe of the ids, on an empty table too
+/// (where a generic plan is cached and then kept as the table grows):
+/// the endpoint is read by subqueries and the ids are matched by `= ANY`,
+/// since a join would let the planner start from the merchant's endpoints,
+/// or from its range of `webhook_deliveries_one_per_endpoint`, and read
+/// all of its deliveries (`settling_probes_the_ids_it_is_given` checks the
+/// plan). Rows another transaction holds are skipped (`SKIP LOCKED`): it
+/// is claiming them, and a settling that never waits cannot deadlock with
+/// a claim, which locks its rows one by one in key order while this may
+/// lock them in the table's.
+pub const HOLD: Statement = Statement {
+    sql: "WITH free AS MATERIALIZED ( \
+              SELECT q.id FROM webhook_deliveries q \
+               WHERE q.merchant_id = $1 AND q.id = ANY ($2) \
+                 FOR UPDATE SKIP LOCKED \
+          ) \
+          UPDATE webhook_deliveries d \
+             SET next_attempt_at = (SELECT e.retry_at FROM webhook_endpoints e \
+                                     WHERE e.merchant_id = $1 AND e.id = d.endpoint_id), \
+                 updated_at = now() \
+           WHERE d.merchant_id = $1 AND d.id = ANY ($2) AND d.id IN (SELECT id FROM free) \
+             AND d.status IS NOT DISTINCT FROM 'pending' AND d.next_attempt_at <= now() \
+             AND (SELECT e.deleted_at IS NULL AND e.disabled_at IS NULL AND e.retry_at > now() \
+                    FROM webhook_endpoints e \
+                   WHERE e.merchant_id = $1 AND e.id = d.endpoint_id) \
+          RETURNING 'held' AS state",
+    params: &[Type::UUID, Type::UUID_ARRAY],
+};
+
+/// Gives up those of the merchant `$1`'s deliveries `$2` that are still
+/// pending and due and whose endpoint was deleted or disabled, as `CLAIM`
+/// would; the others are left as they are. In the form of `HOLD`, for the
+/// same reasons.
+pub const GIVE_UP: Statement = Statement {
+    sql: "WITH free AS MATERIALIZED ( \
+              SELECT q.id FROM webhook_deliveries q \
+               WHERE q.merchant_id = $1 AND q.id = ANY ($2) \
+                 FOR UPDATE SKIP LOCKED \
+          ) \
+          UPDATE webhook_deliveries d \
+             SET status = 'failed', \
+                 last_error = (SELECT CASE WHEN e.deleted_at IS NOT NULL \
+                                           THEN 'the endpoint was deleted' \
+                                           ELSE 'the endpoint was disabled' END \
+                                 FROM webhook_endpoints e \
+                                WHERE e.merchant_id = $1 AND e.id = d.endpoint_id), \
+                 updated_at = now() \
+           WHERE d.merchant_id = $1 AND d.id = ANY ($2) AND d.id IN (SELECT id FROM free) \
+             AND d.status IS NOT DISTINCT FROM 'pending' AND d.next_attempt_at <= now() \
+             AND (SELECT e.deleted_at IS NOT NULL OR e.disabled_at IS NOT NULL \
+                    FROM webhook_endpoints e \
+                   WHERE e.merchant_id = $1 AND e.id = d.endpoint_id) \
+          RETURNING CASE WHEN d.last_error = 'the endpoint was deleted' THEN 'deleted' \
+                         ELSE 'disabled' END AS state",
+    params: &[Type::UUID, Type::UUID_ARRAY],
 };
 
 /// Records one attempt of a delivery we hold the lease `$3` of: counts it,
@@ -218,22 +286,41 @@ pub struct ClaimedDelivery {
     pub event: Event,
 }
 
-/// What one claim did with the deliveries it was given: those to attempt,
-/// and how many it held back for their endpoint's circuit breaker or gave
-/// up because their endpoint was deleted or disabled. Deliveries another
-/// dispatcher claimed first are in none of these.
+/// What one claim (or settling) did with the deliveries it was given:
+/// those to attempt, and how many it held back for their endpoint's
+/// circuit breaker or gave up because their endpoint was deleted or
+/// disabled, and those endpoints. Deliveries another dispatcher claimed
+/// first are in none of these.
 #[derive(Debug, Default)]
 pub struct Claim {
     pub deliveries: Vec<ClaimedDelivery>,
     pub held: usize,
     pub endpoint_deleted: usize,
     pub endpoint_disabled: usize,
+    /// The endpoints of the deliveries held back or given up: closed to
+    /// attempts for now.
+    pub closed: HashSet<WebhookEndpointId>,
 }
 
 impl Claim {
     /// How many due deliveries the claim changed: claimed, held or given up.
     pub fn taken(&self) -> usize {
         self.deliveries.len() + self.held + self.endpoint_deleted + self.endpoint_disabled
+    }
+
+    /// Counts a delivery held back or given up, by the row's `state`.
+    fn count(&mut self, row: &Row) -> Result<(), DbError> {
+        match column::<&str>(row, "state")? {
+            "held" => self.held += 1,
+            "deleted" => self.endpoint_deleted += 1,
+            "disabled" => self.endpoint_disabled += 1,
+            other => {
+                return Err(DbError::Decode(format!(
+                    "column state: unknown claim state {other:?}"
+                )))
+            }
+        }
+        Ok(())
     }
 }
 
@@ -260,17 +347,37 @@ pub async fn claim(
     .await?;
     let mut claim = Claim::default();
     for row in rows.iter().flatten() {
-        match column::<&str>(row, "state")? {
-            "claimed" => claim.deliveries.push(claimed(row)?),
-            "held" => claim.held += 1,
-            "deleted" => claim.endpoint_deleted += 1,
-            "disabled" => claim.endpoint_disabled += 1,
-            other => {
-                return Err(DbError::Decode(format!(
-                    "column state: unknown claim state {other:?}"
-                )))
-            }
+        if column::<&str>(row, "state")? == "claimed" {
+            claim.deliveries.push(claimed(row)?);
+        } else {
+            claim.count(row)?;
+            let endpoint = column(row, "endpoint_id")?;
+            claim.closed.insert(WebhookEndpointId::from_uuid(endpoint));
         }
+    }
+    Ok(claim)
+}
+
+/// Settles each of `deliveries` whose endpoint takes no attempt now: held
+/// back (`HOLD`) or given up (`GIVE_UP`), one statement each per merchant,
+/// all sent together in one transaction. The others are left as they are.
+pub async fn settle(conn: &Conn, deliveries: &[DueDelivery]) -> Result<Claim, DbError> {
+    let mut by_merchant: BTreeMap<MerchantId, Vec<Uuid>> = BTreeMap::new();
+    for delivery in deliveries {
+        let ids = by_merchant.entry(delivery.merchant_id).or_default();
+        ids.push(delivery.id);
+    }
+    let merchants: Vec<(MerchantId, Vec<Uuid>)> = by_merchant.into_iter().collect();
+    let settled = super::records::per_row(conn, &merchants, |(merchant, ids)| async move {
+        let params: [&(dyn ToSql + Sync); 2] = [merchant.as_uuid(), ids];
+        let mut rows = conn.query(&HOLD, &params).await?;
+        rows.extend(conn.query(&GIVE_UP, &params).await?);
+        Ok(rows)
+    })
+    .await?;
+    let mut claim = Claim::default();
+    for row in settled.iter().flatten() {
+        claim.count(row)?;
     }
     Ok(claim)
 }
@@ -434,6 +541,7 @@ mod tests {
             held: 2,
             endpoint_deleted: 3,
             endpoint_disabled: 1,
+            closed: HashSet::new(),
         };
         assert_eq!(claim.taken(), 6);
         assert_eq!(Claim::default().taken(), 0);

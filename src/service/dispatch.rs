@@ -18,7 +18,10 @@
 //!    slots. Each is leased for `webhooks.timeout_ms` + 5 s, held back while
 //!    its endpoint's circuit breaker says so, or given up if its endpoint
 //!    was deleted or disabled. No other instance claims a leased delivery,
-//!    so a delivery is never being sent twice at the same time.
+//!    so a delivery is never being sent twice at the same time. The rest of
+//!    the candidates to endpoints known closed are then settled together
+//!    (`HOLD`, `GIVE_UP`), so a merchant's backlog behind a dead endpoint
+//!    leaves the due deliveries in a few rounds rather than one a round.
 //! 3. **Attempt** (`webhooks::Sender`), holding no database connection and
 //!    no transaction: the receiver's time is never the database's.
 //! 4. **Record** (`db::webhook_deliveries::RECORD_ATTEMPT`, one statement):
@@ -205,16 +208,29 @@ impl Dispatcher {
         let (full_endpoints, full_merchants) = self.in_flight.full(shares);
         // Our clock's view of the lease ends no later than the database's.
         let lease_ends = Instant::now() + lease;
-        let (read, claim) = {
+        let (read, claim, settled) = {
             let conn = self.db.conn().await?;
             let due = db::webhook_deliveries::due(&conn, window, &full_endpoints, &full_merchants)
                 .await?;
             let chosen = self.in_flight.choose(&due, free, shares);
             let claim = db::webhook_deliveries::claim(&conn, lease, &chosen).await?;
-            (due.len(), claim)
+            // Closed, whichever instance found it so: no attempt goes there
+            // now, one delivery a round is checked (a probe, when the
+            // breaker's pause ends), and the rest of its window is settled.
+            for endpoint in &claim.closed {
+                self.in_flight.set_tripped(*endpoint, true);
+            }
+            let rest = self.in_flight.to_settle(&due, &chosen);
+            let settled = if rest.is_empty() {
+                Claim::default()
+            } else {
+                db::webhook_deliveries::settle(&conn, &rest).await?
+            };
+            (due.len(), claim, settled)
         };
         self.report(&claim);
-        let taken = claim.taken();
+        self.report(&settled);
+        let taken = claim.taken() + settled.taken();
         let mut started = 0;
         for delivery in claim.deliveries {
             // Only this task takes permits, and it chose no more than were

@@ -103,6 +103,43 @@ async fn key_lookups_go_through_the_unique_index_without_statistics() {
 /// on the plan made without them, whose probes the tests above check,
 /// instead of being planned again at every execution (planning was 0.35 ms
 /// of a 0.85 ms insert of six charges).
+/// The dispatcher's settling of many deliveries by id reads them by the
+/// primary key, in the generic plan of an empty table, which a connection
+/// keeps as the table grows: not the merchant's whole range of another
+/// index, as a join with the endpoints made the planner choose.
+#[tokio::test]
+async fn settling_probes_the_ids_it_is_given() {
+    if skipped_on_citus(
+        "settling_probes_the_ids_it_is_given",
+        "PostgreSQL's plans of a plain table; the first pass checks them",
+    )
+    .await
+    {
+        return;
+    }
+    let database = migrated_database().await;
+    let client = database.client().await;
+    use chargeonce::db::webhook_deliveries::{GIVE_UP, HOLD};
+    for statement in [HOLD, GIVE_UP] {
+        let plan = generic_plan(&client, &statement).await;
+        let deliveries: Vec<&str> = plan
+            .lines()
+            .filter(|line| line.contains("Scan") && line.contains(" on webhook_deliveries"))
+            .collect();
+        assert_eq!(deliveries.len(), 2, "the lock and the update:\n{plan}");
+        for line in deliveries {
+            assert!(
+                line.contains("using webhook_deliveries_pkey") || line.contains("Bitmap Heap Scan"),
+                "{line}\n{plan}"
+            );
+        }
+        assert!(
+            !plan.contains("one_per_endpoint") && !plan.contains("webhook_deliveries_due"),
+            "{plan}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn batches_of_new_charges_are_planned_once_per_connection() {
     if skipped_on_citus("batches_of_new_charges_are_planned_once_per_connection", "Citus plans a parameterised statement again at every execution on the coordinator (docs/scaling.md)").await {

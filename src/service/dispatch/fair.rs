@@ -122,6 +122,20 @@ impl InFlight {
         chosen
     }
 
+    /// The rest of `due`, past `chosen`, whose endpoint this instance knows
+    /// closed (its breaker open, or deleted or disabled): they are settled
+    /// together (held back or given up), so a backlog behind such an
+    /// endpoint leaves the window in one round and does not hide the other
+    /// merchants' deliveries behind it.
+    pub fn to_settle(&self, due: &[DueDelivery], chosen: &[DueDelivery]) -> Vec<DueDelivery> {
+        let counts = self.counts();
+        let chosen: HashSet<Uuid> = chosen.iter().map(|delivery| delivery.id).collect();
+        due.iter()
+            .filter(|d| counts.tripped.contains(&d.endpoint_id) && !chosen.contains(&d.id))
+            .copied()
+            .collect()
+    }
+
     /// Records whether `endpoint`'s circuit breaker is open.
     pub fn set_tripped(&self, endpoint: WebhookEndpointId, tripped: bool) {
         let mut counts = self.counts();
@@ -280,6 +294,22 @@ mod tests {
         drop(started);
         in_flight.set_tripped(endpoint(1), false);
         assert_eq!(in_flight.choose(&due(1, 1, 10), 100, SHARES).len(), 4);
+    }
+
+    #[test]
+    fn the_rest_of_a_closed_endpoints_window_is_settled() {
+        let in_flight = InFlight::default();
+        in_flight.set_tripped(endpoint(1), true);
+        let mut queue = due(1, 1, 10);
+        queue.extend(due(1, 2, 10));
+        let chosen = in_flight.choose(&queue, 100, SHARES);
+        let settle = in_flight.to_settle(&queue, &chosen);
+        // The probe is chosen; its 9 others are settled, endpoint 2's left.
+        assert_eq!(settle.len(), 9);
+        assert!(settle.iter().all(|d| d.endpoint_id == endpoint(1)));
+        assert!(settle.iter().all(|d| !chosen.contains(d)));
+        in_flight.set_tripped(endpoint(1), false);
+        assert_eq!(in_flight.to_settle(&queue, &chosen), []);
     }
 
     #[test]
