@@ -98,17 +98,16 @@ pub const CLAIM: Statement = Statement {
     params: &[Type::UUID, Type::UUID, Type::INT8],
 };
 
-/// Holds back those of the merchant `$1`'s deliveries `$2` that are still
-/// pending and due and whose endpoint's circuit breaker is open, until the
-/// end of its pause, as `CLAIM` would; the others are left as they are.
-/// With `GIVE_UP`, the dispatcher settles so the rest of a window's
+/// A statement that settles the merchant `$1`'s deliveries `$2` still
+/// pending and due whose endpoint (`e`) meets `$endpoint`: sets `$set` and
+/// returns `$state`. The dispatcher settles so the rest of a window's
 /// deliveries to endpoints it knows closed, one statement each per merchant
 /// and round: a backlog behind a dead endpoint leaves the due deliveries in
 /// a few rounds, not one delivery a round (the open breaker's share) with
 /// every other merchant's waiting behind it, and on Citus with one round
 /// trip, not one per delivery.
 ///
-/// Its form keeps the plan a probe of the ids, on an empty table too
+/// The form keeps the plan a probe of the ids, on an empty table too
 /// (where a generic plan is cached and then kept as the table grows):
 /// the endpoint is read by subqueries and the ids are matched by `= ANY`,
 /// since a join would let the planner start from the merchant's endpoints,
@@ -118,50 +117,58 @@ pub const CLAIM: Statement = Statement {
 /// is claiming them, and a settling that never waits cannot deadlock with
 /// a claim, which locks its rows one by one in key order while this may
 /// lock them in the table's.
+macro_rules! settling {
+    (set: $set:literal, endpoint: $endpoint:literal, state: $state:literal) => {
+        concat!(
+            "WITH free AS MATERIALIZED ( \
+                 SELECT q.id FROM webhook_deliveries q \
+                  WHERE q.merchant_id = $1 AND q.id = ANY ($2) \
+                    FOR UPDATE SKIP LOCKED \
+             ) \
+             UPDATE webhook_deliveries d SET ",
+            $set,
+            ", updated_at = now() \
+              WHERE d.merchant_id = $1 AND d.id = ANY ($2) AND d.id IN (SELECT id FROM free) \
+                AND d.status IS NOT DISTINCT FROM 'pending' AND d.next_attempt_at <= now() \
+                AND (SELECT ",
+            $endpoint,
+            " FROM webhook_endpoints e WHERE e.merchant_id = $1 AND e.id = d.endpoint_id) \
+             RETURNING ",
+            $state,
+            " AS state"
+        )
+    };
+}
+
+/// Holds back those of the merchant `$1`'s deliveries `$2` that are still
+/// pending and due and whose endpoint's circuit breaker is open, until the
+/// end of its pause, as `CLAIM` would; the others are left as they are.
+/// See `settling!`.
 pub const HOLD: Statement = Statement {
-    sql: "WITH free AS MATERIALIZED ( \
-              SELECT q.id FROM webhook_deliveries q \
-               WHERE q.merchant_id = $1 AND q.id = ANY ($2) \
-                 FOR UPDATE SKIP LOCKED \
-          ) \
-          UPDATE webhook_deliveries d \
-             SET next_attempt_at = (SELECT e.retry_at FROM webhook_endpoints e \
-                                     WHERE e.merchant_id = $1 AND e.id = d.endpoint_id), \
-                 updated_at = now() \
-           WHERE d.merchant_id = $1 AND d.id = ANY ($2) AND d.id IN (SELECT id FROM free) \
-             AND d.status IS NOT DISTINCT FROM 'pending' AND d.next_attempt_at <= now() \
-             AND (SELECT e.deleted_at IS NULL AND e.disabled_at IS NULL AND e.retry_at > now() \
-                    FROM webhook_endpoints e \
-                   WHERE e.merchant_id = $1 AND e.id = d.endpoint_id) \
-          RETURNING 'held' AS state",
+    sql: settling!(
+        set: "next_attempt_at = (SELECT e.retry_at FROM webhook_endpoints e \
+                                  WHERE e.merchant_id = $1 AND e.id = d.endpoint_id)",
+        endpoint: "e.deleted_at IS NULL AND e.disabled_at IS NULL AND e.retry_at > now()",
+        state: "'held'"
+    ),
     params: &[Type::UUID, Type::UUID_ARRAY],
 };
 
 /// Gives up those of the merchant `$1`'s deliveries `$2` that are still
 /// pending and due and whose endpoint was deleted or disabled, as `CLAIM`
-/// would; the others are left as they are. In the form of `HOLD`, for the
-/// same reasons.
+/// would; the others are left as they are. See `settling!`.
 pub const GIVE_UP: Statement = Statement {
-    sql: "WITH free AS MATERIALIZED ( \
-              SELECT q.id FROM webhook_deliveries q \
-               WHERE q.merchant_id = $1 AND q.id = ANY ($2) \
-                 FOR UPDATE SKIP LOCKED \
-          ) \
-          UPDATE webhook_deliveries d \
-             SET status = 'failed', \
-                 last_error = (SELECT CASE WHEN e.deleted_at IS NOT NULL \
-                                           THEN 'the endpoint was deleted' \
-                                           ELSE 'the endpoint was disabled' END \
-                                 FROM webhook_endpoints e \
-                                WHERE e.merchant_id = $1 AND e.id = d.endpoint_id), \
-                 updated_at = now() \
-           WHERE d.merchant_id = $1 AND d.id = ANY ($2) AND d.id IN (SELECT id FROM free) \
-             AND d.status IS NOT DISTINCT FROM 'pending' AND d.next_attempt_at <= now() \
-             AND (SELECT e.deleted_at IS NOT NULL OR e.disabled_at IS NOT NULL \
-                    FROM webhook_endpoints e \
-                   WHERE e.merchant_id = $1 AND e.id = d.endpoint_id) \
-          RETURNING CASE WHEN d.last_error = 'the endpoint was deleted' THEN 'deleted' \
-                         ELSE 'disabled' END AS state",
+    sql: settling!(
+        set: "status = 'failed', \
+              last_error = (SELECT CASE WHEN e.deleted_at IS NOT NULL \
+                                        THEN 'the endpoint was deleted' \
+                                        ELSE 'the endpoint was disabled' END \
+                              FROM webhook_endpoints e \
+                             WHERE e.merchant_id = $1 AND e.id = d.endpoint_id)",
+        endpoint: "e.deleted_at IS NOT NULL OR e.disabled_at IS NOT NULL",
+        state: "CASE WHEN d.last_error = 'the endpoint was deleted' THEN 'deleted' \
+                     ELSE 'disabled' END"
+    ),
     params: &[Type::UUID, Type::UUID_ARRAY],
 };
 
