@@ -94,8 +94,16 @@ pub struct Sustained {
     /// Wall-clock time of the run's first second, to match a slow second
     /// with the database's log.
     pub started: chrono::DateTime<chrono::Utc>,
-    /// The floor's maximum, offered rate, minutes.
-    pub floor: (f64, f64, Vec<Tally>),
+    pub floor: Floor,
+}
+
+/// The floor's open-loop run beside the service's.
+pub struct Floor {
+    pub max_tps: f64,
+    pub rate: f64,
+    pub minutes: Vec<Tally>,
+    /// What the machine's CPUs did over the whole run.
+    pub cpu: Option<CpuShares>,
 }
 
 pub async fn run(
@@ -199,7 +207,10 @@ pub async fn run(
     let rate = floor_max * f64::from(percent) / 100.0;
     say(format!("floor: maximum {floor_max:.0} TPS; offering {rate:.0}/s open-loop"));
     let _ = db.admin.batch_execute("CHECKPOINT").await;
-    let floor = (floor_max, rate, pgbench.open_loop(set, mix, (CONNECTIONS, rate), length).await?);
+    let cpu = CpuTimes::read();
+    let floor_minutes = pgbench.open_loop(set, mix, (CONNECTIONS, rate), length).await?;
+    let cpu = CpuTimes::read().zip(cpu).and_then(|(now, then)| now.shares_since(&then));
+    let floor = Floor { max_tps: floor_max, rate, minutes: floor_minutes, cpu };
     Ok(Sustained {
         max_rps,
         percent,
@@ -329,13 +340,16 @@ impl Sustained {
             self.wal.bytes / 1e6 / (length.max(1) as f64 / 60.0),
         );
         text += &self.slowest_seconds();
-        let (floor_max, rate, floor) = &self.floor;
+        let Floor { max_tps: floor_max, rate, minutes: floor, cpu } = &self.floor;
+        let cpu = cpu.map_or(String::new(), |cpu| {
+            format!(" The machine's CPUs were {:.0} % busy on average over it.", cpu.busy)
+        });
         let _ = write!(
             text,
             "\nBeside the floor: its mix at {} % of its own maximum ({floor_max:.0} TPS, closed \
              loop, {MAX_CONNECTIONS} clients), {rate:.0}/s offered by pgbench `--rate` over \
              {CONNECTIONS} clients for as long; each latency from its scheduled start (pgbench's \
-             latency plus its schedule lag).\n\n\
+             latency plus its schedule lag).{cpu}\n\n\
              | minute | service p50 ms | p99 | p99.9 | max | floor p50 ms | p99 | p99.9 | max |\n\
              |---|---|---|---|---|---|---|---|---|\n",
             self.percent
@@ -375,7 +389,8 @@ mod tests {
         minute_of_floor.record_us(3_000);
         let minutes = vec![minute.clone(), minute];
         let wal = Wal { bytes: 48e6, fpi: None, requests: 12_000 };
-        let floor = (200.0, 160.0, vec![minute_of_floor]);
+        let cpu = Some(CpuShares { busy: 88.0, iowait: 0.0, steal: 0.0 });
+        let floor = Floor { max_tps: 200.0, rate: 160.0, minutes: vec![minute_of_floor], cpu };
         let run = Sustained {
             max_rps: 125.0,
             percent: 80,
@@ -396,6 +411,7 @@ mod tests {
         assert!(report.contains("| 1 | 1.00 | 1.00 | 1.00 | 1.00 | 3.00 | 3.00 |"), "{report}");
         assert!(report.contains("| 2 | 1.00 | 1.00 | 1.00 | 1.00 | — | — | — | — |"), "{report}");
         assert!(report.contains("checkpoints started during the run: 1."), "{report}");
+        assert!(report.contains("lag). The machine's CPUs were 88 % busy on average"), "{report}");
         let slowest = "  - 01:00:30 UTC (second 31): 640.0 ms; CPUs 97 % busy, 2 % waiting for \
                        I/O, 1 % stolen\n  - ";
         assert!(report.contains(slowest), "{report}");
