@@ -217,6 +217,8 @@ impl Dispatcher {
             // Closed, whichever instance found it so: no attempt goes there
             // now, one delivery a round is checked (a probe, when the
             // breaker's pause ends), and the rest of its window is settled.
+            // A deleted or disabled endpoint stays in the set for good (an
+            // id each; only a delivered attempt takes one out).
             for endpoint in &claim.closed {
                 self.in_flight.set_tripped(*endpoint, true);
             }
