@@ -63,6 +63,13 @@ impl CpuTimes {
         Some(Self(times))
     }
 
+    /// Reads the times now: them, and the shares since `earlier`.
+    fn read_since(earlier: Option<Self>) -> (Option<Self>, Option<CpuShares>) {
+        let now = Self::read();
+        let shares = now.zip(earlier).and_then(|(now, then)| now.shares_since(&then));
+        (now, shares)
+    }
+
     fn shares_since(&self, earlier: &Self) -> Option<CpuShares> {
         let delta: Vec<f64> =
             (0..8).map(|i| self.0[i].saturating_sub(earlier.0[i]) as f64).collect();
@@ -178,9 +185,8 @@ pub async fn run(
         for index in 0..total_seconds {
             tick.tick().await;
             let rss = memory_bytes(&pid.to_string(), "VmRSS:").context("the service's VmRSS")?;
-            let now = CpuTimes::read();
-            let shares = now.zip(cpu).and_then(|(now, then)| now.shares_since(&then));
-            cpu = now;
+            let shares;
+            (cpu, shares) = CpuTimes::read_since(cpu);
             let mut seconds = seconds.borrow_mut();
             seconds[index].rss = Some(rss);
             seconds[index].cpu = shares;
@@ -207,9 +213,9 @@ pub async fn run(
     let rate = floor_max * f64::from(percent) / 100.0;
     say(format!("floor: maximum {floor_max:.0} TPS; offering {rate:.0}/s open-loop"));
     let _ = db.admin.batch_execute("CHECKPOINT").await;
-    let cpu = CpuTimes::read();
+    let before = CpuTimes::read();
     let floor_minutes = pgbench.open_loop(set, mix, (CONNECTIONS, rate), length).await?;
-    let cpu = CpuTimes::read().zip(cpu).and_then(|(now, then)| now.shares_since(&then));
+    let (_, cpu) = CpuTimes::read_since(before);
     let floor = Floor { max_tps: floor_max, rate, minutes: floor_minutes, cpu };
     Ok(Sustained {
         max_rps,
