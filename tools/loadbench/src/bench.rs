@@ -14,7 +14,7 @@ use crate::http::Api;
 use crate::pgbench::Pgbench;
 use crate::report::{Report, Row};
 use crate::scenario::{self, Workload};
-use crate::sustain::{self, Sustained};
+use crate::sustain::{self, Offer, Sustained};
 use crate::{say, script, Plan};
 
 /// Sequential requests whose statements are counted, per flow.
@@ -128,13 +128,13 @@ pub async fn sustain(
     plan: &Plan,
     binary: &ServiceBinary,
     db: &BenchDatabase,
-    (length, percent): (Duration, u32),
+    (length, offer): (Duration, Offer),
 ) -> Result<Sustained> {
     let api_key = binary.migrate_and_create_merchant(db).await?;
     let mut service = binary.start(&db.url).await;
     let api = Api::new(service.port, &api_key)?;
     let pgbench = prepare_load(plan, (binary, &mut service, &api), db).await?;
-    let run = sustain::run((&api, db, &pgbench), plan, service.pid(), length, percent).await;
+    let run = sustain::run((&api, db, &pgbench), plan, service.pid(), length, offer).await;
     binary.explain(&mut service, run).await
 }
 

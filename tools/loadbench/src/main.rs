@@ -26,6 +26,7 @@ use clap::Parser;
 
 use crate::bench::ServiceBinary;
 use crate::database::BenchDatabase;
+use crate::sustain::Offer;
 
 /// Measures chargeonce against pgbench running its own SQL and a fixed
 /// floor. Normally run through scripts/bench, which provides PostgreSQL.
@@ -50,6 +51,13 @@ struct Args {
     /// The share of the maximum throughput a sustained run offers.
     #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u32).range(1..=100))]
     load_percent: u32,
+
+    /// Instead of `--load-percent`: offer this many requests a second (to
+    /// compare two builds at the same load); the floor gets the same share
+    /// of its own maximum as this is of the service's.
+    #[arg(long, value_name = "REQUESTS_PER_SECOND", requires = "sustain",
+          conflicts_with = "load_percent", value_parser = positive_rate)]
+    rate: Option<f64>,
 
     /// Full runs, each on a fresh database; with several, report.md starts
     /// with each target judged over all (report-K.md keeps run K's).
@@ -98,6 +106,14 @@ impl Plan {
     }
 }
 
+/// A rate to offer: a finite number of requests a second above zero.
+fn positive_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
+        _ => Err(format!("not a positive number of requests a second: {text}")),
+    }
+}
+
 pub fn say(message: impl Display) {
     eprintln!("loadbench: {message}");
 }
@@ -136,9 +152,17 @@ async fn run(args: Args) -> Result<()> {
                 let report = bench::measure(&plan, &binary, &database).await?;
                 return Ok((report.markdown(&plan), Some(report.targets())));
             };
-            let shape = (Duration::from_secs(seconds), args.load_percent);
-            let run = bench::sustain(&plan, &binary, &database, shape).await?;
-            let command = format!("scripts/bench --sustain {seconds} --load-percent {}", shape.1);
+            let (offer, offered) = match args.rate {
+                Some(rate) => (Offer::Rate(rate), format!("--rate {rate}")),
+                None => (
+                    Offer::Percent(args.load_percent),
+                    format!("--load-percent {}", args.load_percent),
+                ),
+            };
+            let run =
+                bench::sustain(&plan, &binary, &database, (Duration::from_secs(seconds), offer))
+                    .await?;
+            let command = format!("scripts/bench --sustain {seconds} {offered}");
             Ok((run.markdown(&command), None))
         };
         let outcome = tokio::select! {

@@ -1,6 +1,7 @@
 //! The sustained run (`--sustain SECONDS`, RELIABILITY.md): the mix's
-//! maximum, then `percent` of it open-loop (a latency from the scheduled
-//! time); then the floor's likewise through pgbench `--rate`.
+//! maximum, then a share of it (or a fixed rate) open-loop (a latency from
+//! the scheduled time); then the floor's at the same share of its own
+//! maximum through pgbench `--rate`.
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
@@ -21,6 +22,27 @@ use crate::{say, Plan};
 /// Enough that the offered rate holds while a few answers are slow.
 pub const CONNECTIONS: usize = 64;
 const MAX_CONNECTIONS: usize = 32;
+
+/// What the service is offered: a share of its measured maximum, or a fixed
+/// rate (to compare two builds at the same load, whatever their maxima).
+#[derive(Clone, Copy, Debug)]
+pub enum Offer {
+    Percent(u32),
+    Rate(f64),
+}
+
+impl Offer {
+    /// The requests a second to offer, and the share of `max_rps` that is.
+    fn of(self, max_rps: f64) -> (f64, f64) {
+        match self {
+            Offer::Percent(percent) => {
+                let percent = f64::from(percent);
+                (max_rps * percent / 100.0, percent)
+            }
+            Offer::Rate(rate) => (rate, 100.0 * rate / max_rps),
+        }
+    }
+}
 
 /// One second: 2xx, other statuses, no answer, the service's VmRSS, the
 /// slowest answer that ended in it and what the machine's CPUs did in it.
@@ -91,7 +113,8 @@ impl Second {
 
 pub struct Sustained {
     pub max_rps: f64,
-    pub percent: u32,
+    /// The share of `max_rps` offered; the floor got as much of its own.
+    pub percent: f64,
     pub target_rps: f64,
     pub seconds: Vec<Second>,
     pub minutes: Vec<Tally>,
@@ -118,15 +141,15 @@ pub async fn run(
     plan: &Plan,
     pid: u32,
     length: Duration,
-    percent: u32,
+    offer: Offer,
 ) -> Result<Sustained> {
     say(format!("measuring the maximum throughput of the mix at {MAX_CONNECTIONS} connections"));
     let max = closed_loop(api, Workload::Mix, MAX_CONNECTIONS, plan).await?;
     max.tally.require_success("the maximum-throughput measurement")?;
     let max_rps = max.rps();
-    let target_rps = max_rps * f64::from(percent) / 100.0;
+    let (target_rps, percent) = offer.of(max_rps);
     say(format!(
-        "maximum {max_rps:.0} req/s; holding {target_rps:.0} req/s ({percent} %) for {} s \
+        "maximum {max_rps:.0} req/s; holding {target_rps:.0} req/s ({percent:.0} %) for {} s \
          with {CONNECTIONS} connections",
         length.as_secs()
     ));
@@ -210,7 +233,7 @@ pub async fn run(
         db.checkpoints().await.zip(checkpoints_before).map(|(after, before)| after - before);
     let (set, mix) = (&pgbench.floor, Workload::Mix);
     let floor_max = pgbench.run(set, mix, MAX_CONNECTIONS, plan).await?.tps;
-    let rate = floor_max * f64::from(percent) / 100.0;
+    let rate = floor_max * percent / 100.0;
     say(format!("floor: maximum {floor_max:.0} TPS; offering {rate:.0}/s open-loop"));
     let _ = db.admin.batch_execute("CHECKPOINT").await;
     let before = CpuTimes::read();
@@ -292,7 +315,7 @@ impl Sustained {
             "# Sustained load\n\nCommand: `{command}`\n\n\
              Mix workload (as in the benchmark). Maximum measured first: {max_rps:.0} req/s \
              (closed loop, {MAX_CONNECTIONS} connections). Offered for {length} s: \
-             {target_rps:.0} req/s ({} % of it), open loop over {CONNECTIONS} connections; \
+             {target_rps:.0} req/s ({:.0} % of it), open loop over {CONNECTIONS} connections; \
              latency from each request's scheduled time.\n\n\
              | minute | answers/s | not 2xx | no answer | p50 ms | p99 ms | p99.9 ms | max ms \
              | RSS min MB | RSS max MB |\n|---|---|---|---|---|---|---|---|---|---|\n",
@@ -352,7 +375,7 @@ impl Sustained {
         });
         let _ = write!(
             text,
-            "\nBeside the floor: its mix at {} % of its own maximum ({floor_max:.0} TPS, closed \
+            "\nBeside the floor: its mix at {:.0} % of its own maximum ({floor_max:.0} TPS, closed \
              loop, {MAX_CONNECTIONS} clients), {rate:.0}/s offered by pgbench `--rate` over \
              {CONNECTIONS} clients for as long; each latency from its scheduled start (pgbench's \
              latency plus its schedule lag).{cpu}\n\n\
@@ -372,6 +395,14 @@ impl Sustained {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_offer_is_a_rate_and_its_share_of_the_maximum() {
+        assert_eq!(Offer::Percent(80).of(5_000.0), (4_000.0, 80.0));
+        assert_eq!(Offer::Rate(2_500.0).of(5_000.0), (2_500.0, 50.0));
+        // More than the maximum is offered as asked, the share said as it is.
+        assert_eq!(Offer::Rate(6_000.0).of(5_000.0), (6_000.0, 120.0));
+    }
 
     #[test]
     fn the_report_counts_every_second_flags_errors_and_fits_the_memory() {
@@ -399,7 +430,7 @@ mod tests {
         let floor = Floor { max_tps: 200.0, rate: 160.0, minutes: vec![minute_of_floor], cpu };
         let run = Sustained {
             max_rps: 125.0,
-            percent: 80,
+            percent: 80.0,
             target_rps: 100.0,
             seconds,
             minutes,
