@@ -152,17 +152,10 @@ async fn run(args: Args) -> Result<()> {
                 let report = bench::measure(&plan, &binary, &database).await?;
                 return Ok((report.markdown(&plan), Some(report.targets())));
             };
-            let (offer, offered) = match args.rate {
-                Some(rate) => (Offer::Rate(rate), format!("--rate {rate}")),
-                None => (
-                    Offer::Percent(args.load_percent),
-                    format!("--load-percent {}", args.load_percent),
-                ),
-            };
-            let run =
-                bench::sustain(&plan, &binary, &database, (Duration::from_secs(seconds), offer))
-                    .await?;
-            let command = format!("scripts/bench --sustain {seconds} {offered}");
+            let offer = args.rate.map_or(Offer::Percent(args.load_percent), Offer::Rate);
+            let shape = (Duration::from_secs(seconds), offer);
+            let run = bench::sustain(&plan, &binary, &database, shape).await?;
+            let command = format!("scripts/bench --sustain {seconds} {}", offer.option());
             Ok((run.markdown(&command), None))
         };
         let outcome = tokio::select! {

@@ -42,6 +42,14 @@ impl Offer {
             Offer::Rate(rate) => (rate, 100.0 * rate / max_rps),
         }
     }
+
+    /// The option of `scripts/bench` that asks for it, for the report.
+    pub fn option(self) -> String {
+        match self {
+            Offer::Percent(percent) => format!("--load-percent {percent}"),
+            Offer::Rate(rate) => format!("--rate {rate}"),
+        }
+    }
 }
 
 /// One second: 2xx, other statuses, no answer, the service's VmRSS, the
@@ -402,6 +410,8 @@ mod tests {
         assert_eq!(Offer::Rate(2_500.0).of(5_000.0), (2_500.0, 50.0));
         // More than the maximum is offered as asked, the share said as it is.
         assert_eq!(Offer::Rate(6_000.0).of(5_000.0), (6_000.0, 120.0));
+        assert_eq!(Offer::Percent(80).option(), "--load-percent 80");
+        assert_eq!(Offer::Rate(2_800.0).option(), "--rate 2800");
     }
 
     #[test]
