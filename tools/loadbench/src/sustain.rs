@@ -279,6 +279,19 @@ fn quantiles(minute: Option<&Tally>) -> [String; 4] {
     [p50, p99, p999, ms(minute.map(Tally::max_ms))]
 }
 
+/// The CPUs' busy and stolen shares over `seconds`, in %, "—" where none
+/// was read. A minute's share shows whether the cost of a request drifted
+/// (the offered rate is the same every minute) or the hypervisor took the
+/// time.
+fn mean_cpu(seconds: &[Second]) -> (String, String) {
+    let read: Vec<CpuShares> = seconds.iter().filter_map(|s| s.cpu).collect();
+    let mean = |share: fn(&CpuShares) -> f64| match read.len() {
+        0 => "—".to_owned(),
+        n => format!("{:.0}", read.iter().map(share).sum::<f64>() / n as f64),
+    };
+    (mean(|cpu| cpu.busy), mean(|cpu| cpu.steal))
+}
+
 /// How many of the slowest seconds the report lists.
 const SLOWEST_SECONDS: usize = 5;
 
@@ -326,7 +339,8 @@ impl Sustained {
              {target_rps:.0} req/s ({:.0} % of it), open loop over {CONNECTIONS} connections; \
              latency from each request's scheduled time.\n\n\
              | minute | answers/s | not 2xx | no answer | p50 ms | p99 ms | p99.9 ms | max ms \
-             | RSS min MB | RSS max MB |\n|---|---|---|---|---|---|---|---|---|---|\n",
+             | RSS min MB | RSS max MB | CPUs busy % | stolen % |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|\n",
             self.percent
         );
         let rss_mb = |seconds: &[Second]| {
@@ -339,9 +353,10 @@ impl Sustained {
             let sum = |field: fn(&Second) -> u64| seconds.iter().map(field).sum::<u64>();
             let (low, high) = rss_mb(seconds);
             let quantiles = quantiles(Some(latencies)).join(" | ");
+            let (busy, stolen) = mean_cpu(seconds);
             let _ = writeln!(
                 text,
-                "| {} | {:.0} | {} | {} | {quantiles} | {low:.1} | {high:.1} |",
+                "| {} | {:.0} | {} | {} | {quantiles} | {low:.1} | {high:.1} | {busy} | {stolen} |",
                 minute + 1,
                 sum(Second::answers) as f64 / seconds.len().max(1) as f64,
                 sum(|s| s.non_2xx),
@@ -451,6 +466,9 @@ mod tests {
         };
         let report = run.markdown("scripts/bench --sustain 120");
         assert!(report.contains("| 2 | 100 | 2 | 0 |"), "{report}");
+        // Minute 1 had one second read (97 % busy, 1 % stolen), minute 2 none.
+        assert!(report.contains("| 40.0 | 40.0 | 97 | 1 |\n| 2 |"), "{report}");
+        assert!(report.contains("| 40.0 | 41.0 | — | — |\n\n"), "{report}");
         assert!(report.contains("2 of 12000 requests"), "{report}");
         assert!(report.contains("100.0 % of the offered rate"), "{report}");
         assert!(report.contains("41.0 MB in minute 2"), "{report}");
