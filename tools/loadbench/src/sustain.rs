@@ -301,11 +301,10 @@ impl Sustained {
     /// (to match with PostgreSQL's log), each with what the CPUs did then.
     fn slowest_seconds(&self) -> String {
         let checkpoints = self.checkpoints.map_or("not known".to_owned(), |n| n.to_string());
-        let busy: Vec<f64> = self.seconds.iter().filter_map(|s| Some(s.cpu?.busy)).collect();
-        let mean_busy = busy.iter().sum::<f64>() / busy.len().max(1) as f64;
+        let (mean_busy, _) = mean_cpu(&self.seconds);
         let mut text = format!(
             "- PostgreSQL checkpoints started during the run: {checkpoints}. The machine's CPUs \
-             (service, PostgreSQL, this load generator) were {mean_busy:.0} % busy on average.\n\
+             (service, PostgreSQL, this load generator) were {mean_busy} % busy on average.\n\
              - Slowest seconds (the slowest answer that ended in each):"
         );
         let mut slowest: Vec<(usize, &Second)> = self.seconds.iter().enumerate().collect();
@@ -476,6 +475,8 @@ mod tests {
         assert!(report.contains("| 1 | 1.00 | 1.00 | 1.00 | 1.00 | 3.00 | 3.00 |"), "{report}");
         assert!(report.contains("| 2 | 1.00 | 1.00 | 1.00 | 1.00 | — | — | — | — |"), "{report}");
         assert!(report.contains("checkpoints started during the run: 1."), "{report}");
+        // The mean of the seconds read, not of every second.
+        assert!(report.contains("load generator) were 97 % busy on average."), "{report}");
         assert!(report.contains("lag). The machine's CPUs were 88 % busy on average"), "{report}");
         let slowest = "  - 01:00:30 UTC (second 31): 640.0 ms; CPUs 97 % busy, 2 % waiting for \
                        I/O, 1 % stolen\n  - ";
