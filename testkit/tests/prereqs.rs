@@ -41,15 +41,24 @@ fn is_root() -> bool {
 /// not; as `nobody` when `as_nobody` and we are root.
 fn dev(root: &Path, args: &[&str], as_nobody: bool, env: &[(&str, &str)]) -> (Output, Duration) {
     let script = root.join("scripts/dev");
+    // Run by bash rather than executed itself: the other test may be
+    // copying its scripts while this one forks, and a child forked then
+    // holds that file open for writing until it execs, so executing a
+    // just-copied file can fail with "Text file busy".
     let mut command = if as_nobody && is_root() {
         let mut setpriv = Command::new("setpriv");
-        setpriv.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"]);
-        setpriv.arg(&script);
+        setpriv.args([
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "bash",
+        ]);
         setpriv
     } else {
-        Command::new(&script)
+        Command::new("bash")
     };
     command
+        .arg(&script)
         .args(args)
         .env("CHROMIUM_PATH", "/nonexistent/chromium")
         .env("PGBOUNCER_PATH", "/nonexistent/pgbouncer")
