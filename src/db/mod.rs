@@ -154,7 +154,9 @@ fn transient_state(code: &SqlState) -> bool {
 /// XX000; our schema has no deferred constraints, the other cause). Whether
 /// the worker committed is unknown, as after a lost connection of our own:
 /// transient (the merchants on that worker get 503 until it is back) and
-/// ambiguous.
+/// ambiguous. A multi-row INSERT reaches a worker as a COPY; when the worker
+/// goes while the rows are sent, the coordinator says "failed to COPY to
+/// shard N on host:port" as an I/O error (58030), before any commit.
 fn citus_worker_lost(error: &tokio_postgres::Error) -> bool {
     const LOST: [&str; 4] = [
         "failure on connection marked as essential",
@@ -163,7 +165,9 @@ fn citus_worker_lost(error: &tokio_postgres::Error) -> bool {
         "could not commit transaction for shard",
     ];
     error.as_db_error().is_some_and(|e| {
-        *e.code() == SqlState::INTERNAL_ERROR && LOST.iter().any(|lost| e.message().contains(lost))
+        let message = e.message();
+        (*e.code() == SqlState::INTERNAL_ERROR && LOST.iter().any(|lost| message.contains(lost)))
+            || (*e.code() == SqlState::IO_ERROR && message.starts_with("failed to COPY to shard"))
     })
 }
 

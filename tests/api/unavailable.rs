@@ -508,3 +508,34 @@ async fn readiness_tells_a_stalled_database_from_a_schema_behind() {
     assert!(cause.contains("did not answer"), "{cause}");
     assert!(!cause.contains("schema"), "{cause}");
 }
+
+/// The errors a Citus coordinator gives when a worker goes in the middle of
+/// a statement are transient (503 and a retry), raised here by a real
+/// PostgreSQL with Citus's SQLSTATE and words; the same codes with other
+/// words stay errors (500). "failed to COPY to shard" is how a multi-row
+/// INSERT's rows fail to reach the worker: a chaos run on Citus met it as a
+/// 500 when a worker stopped.
+#[tokio::test]
+async fn a_citus_worker_lost_mid_statement_is_transient_and_other_errors_are_not() {
+    let app = crate::helpers::spawn_app().await;
+    let sql = app.sql().await;
+    let raised = |code: &'static str, message: &'static str| {
+        let sql = &sql;
+        async move {
+            let statement =
+                format!("DO $$ BEGIN RAISE EXCEPTION '{message}' USING ERRCODE = '{code}'; END $$");
+            let error = sql.batch_execute(&statement).await.unwrap_err();
+            chargeonce::db::DbError::Query(error)
+        }
+    };
+    for (code, message, transient) in [
+        ("58030", "failed to COPY to shard 102008 on 127.0.0.1:31934", true),
+        ("XX000", "could not commit transaction for shard 102008 on at least one active node", true),
+        ("XX000", "connection to the remote node postgres@127.0.0.1:31934 failed with the following error: server closed the connection unexpectedly", true),
+        ("58030", "could not read block 0 in file \"base/1/2\"", false),
+        ("XX000", "unexpected state", false),
+    ] {
+        let error = raised(code, message).await;
+        assert_eq!(error.is_transient(), transient, "{code} {message}: {error:?}");
+    }
+}
