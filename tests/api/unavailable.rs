@@ -519,15 +519,6 @@ async fn readiness_tells_a_stalled_database_from_a_schema_behind() {
 async fn a_citus_worker_lost_mid_statement_is_transient_and_other_errors_are_not() {
     let app = crate::helpers::spawn_app().await;
     let sql = app.sql().await;
-    let raised = |code: &'static str, message: &'static str| {
-        let sql = &sql;
-        async move {
-            let statement =
-                format!("DO $$ BEGIN RAISE EXCEPTION '{message}' USING ERRCODE = '{code}'; END $$");
-            let error = sql.batch_execute(&statement).await.unwrap_err();
-            chargeonce::db::DbError::Query(error)
-        }
-    };
     for (code, message, transient) in [
         ("58030", "failed to COPY to shard 102008 on 127.0.0.1:31934", true),
         ("XX000", "could not commit transaction for shard 102008 on at least one active node", true),
@@ -535,7 +526,9 @@ async fn a_citus_worker_lost_mid_statement_is_transient_and_other_errors_are_not
         ("58030", "could not read block 0 in file \"base/1/2\"", false),
         ("XX000", "unexpected state", false),
     ] {
-        let error = raised(code, message).await;
+        let statement =
+            format!("DO $$ BEGIN RAISE EXCEPTION '{message}' USING ERRCODE = '{code}'; END $$");
+        let error = chargeonce::db::DbError::Query(sql.batch_execute(&statement).await.unwrap_err());
         assert_eq!(error.is_transient(), transient, "{code} {message}: {error:?}");
     }
 }
