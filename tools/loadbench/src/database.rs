@@ -7,6 +7,7 @@ use anyhow::{ensure, Context as _, Result};
 use chargeonce_testkit::{redact, TestDatabase};
 use tokio_postgres::{Client, NoTls};
 
+use crate::sustain::CpuTimes;
 use crate::{say, script};
 
 /// Longest wait for the service's outbox to empty before a run.
@@ -104,13 +105,13 @@ impl BenchDatabase {
             true => db.query_one(&sql, &[&mark]).await.ok().map(|row| (row.get(0), row.get(1))),
             false => None,
         };
-        Ok(Wal { bytes, fpi, requests })
+        Ok(Wal { bytes, fpi, requests, busy_seconds: None })
     }
 
     /// Each run starts once every event so far was fanned out, then from a
     /// CHECKPOINT (superuser only, else one warning), so no run pays for the
-    /// one before. Where the WAL ends then.
-    pub async fn checkpoint(&self) -> Result<String> {
+    /// one before. Where the WAL and the CPUs' times are then.
+    pub async fn checkpoint(&self) -> Result<Mark> {
         self.settle().await?;
         if let Err(error) = self.admin.batch_execute("CHECKPOINT").await {
             if !self.warned.replace(true) {
@@ -119,13 +120,18 @@ impl BenchDatabase {
                 ));
             }
         }
-        self.wal_mark().await
+        let lsn = self.wal_mark().await?;
+        Ok(Mark { lsn, cpu: CpuTimes::read() })
     }
 
-    /// The WAL since `mark` once the outbox is empty: with the fan-out.
-    pub async fn settled_wal_since(&self, mark: &str, requests: u64) -> Result<Wal> {
+    /// The WAL and the machine's busy CPU time since `mark`, once the outbox
+    /// is empty: with the fan-out.
+    pub async fn settled_wal_since(&self, mark: &Mark, requests: u64) -> Result<Wal> {
         self.settle().await?;
-        self.wal_since(mark, requests).await
+        let mut wal = self.wal_since(&mark.lsn, requests).await?;
+        let now = CpuTimes::read();
+        wal.busy_seconds = now.zip(mark.cpu).map(|(now, then)| now.busy_seconds_since(&then));
+        Ok(wal)
     }
 
     async fn settle(&self) -> Result<()> {
@@ -144,14 +150,22 @@ impl BenchDatabase {
     }
 }
 
+/// Where a phase starts: the WAL's position and the CPUs' times.
+pub struct Mark {
+    lsn: String,
+    cpu: Option<CpuTimes>,
+}
+
 /// WAL a phase wrote and the requests or script runs it served, warm-ups
-/// included.
+/// included; and the machine's CPU time it took (every process: the
+/// service or pgbench, PostgreSQL, the load generator), when measured.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Wal {
     pub bytes: f64,
     /// Bytes of full-page images and of all records.
     pub fpi: Option<(f64, f64)>,
     pub requests: u64,
+    pub busy_seconds: Option<f64>,
 }
 
 impl Wal {
@@ -159,6 +173,13 @@ impl Wal {
         self.bytes += other.bytes;
         self.fpi = self.fpi.zip(other.fpi).map(|(a, b)| (a.0 + b.0, a.1 + b.1));
         self.requests += other.requests;
+        self.busy_seconds = self.busy_seconds.zip(other.busy_seconds).map(|(a, b)| a + b);
+    }
+
+    /// The machine's busy CPU time per request, in µs.
+    pub fn busy_us_per_request(&self) -> Option<f64> {
+        let seconds = self.busy_seconds.filter(|_| self.requests > 0)?;
+        Some(seconds * 1e6 / self.requests as f64)
     }
 
     pub fn per_request(&self) -> Option<f64> {

@@ -294,7 +294,7 @@ mod tests {
         let run = |tps: f64, bytes: f64, micros: &[u64]| {
             let mut latencies = Tally::new().unwrap();
             micros.iter().for_each(|&us| latencies.record_us(us));
-            let wal = Wal { bytes, fpi: None, requests: (tps * 2.0) as u64 };
+            let wal = Wal { bytes, requests: (tps * 2.0) as u64, ..Wal::default() };
             PgbenchRun { tps, latencies, wal, seconds: 2.0 }
         };
         let mut point = run(1_000.0, 4e6, &[1_000, 2_000]);

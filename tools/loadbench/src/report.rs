@@ -280,6 +280,29 @@ impl Report {
             );
         }
 
+        md.push_str(
+            "\nThe machine's CPU time per request or script run (every process, µs), over the \
+             same spans as the WAL: what a request costs where batches are small (1 \
+             connection) and where they fill (32, 64):\n\n\
+             | scenario | connections | service | own SQL | floor | service ÷ floor |\n\
+             |---|---:|---:|---:|---:|---:|\n",
+        );
+        for row in self.rows.iter().filter(|row| row.floor.is_some()) {
+            let cpu = |wal: Option<&Wal>| wal.and_then(Wal::busy_us_per_request);
+            let (service, floor) =
+                (cpu(Some(&row.sample.wal)), cpu(row.floor.as_ref().map(|run| &run.wal)));
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} |",
+                row.scenario,
+                row.connections,
+                number(service, 0),
+                number(cpu(row.own.as_ref().map(|run| &run.wal)), 0),
+                number(floor, 0),
+                number(service.zip(floor.filter(|f| *f > 0.0)).map(|(s, f)| s / f), 2),
+            );
+        }
+
         let _ = writeln!(
             md,
             "\nBurst: {} measured rounds; rounds in which not exactly one request created the \

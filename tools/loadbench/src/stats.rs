@@ -134,11 +134,13 @@ mod tests {
     }
 
     #[test]
-    fn samples_of_rounds_add_their_answers_time_and_wal() {
+    fn samples_of_rounds_add_their_answers_time_wal_and_cpu() {
         let sample = |answers: u64, seconds: f64, fpi: f64| {
             let mut tally = Tally::new().unwrap();
             (0..answers).for_each(|_| tally.record_us(100));
-            let wal = Wal { bytes: 1e6, fpi: Some((fpi, 1e6)), requests: answers + 100 };
+            let busy_seconds = Some(0.5);
+            let wal =
+                Wal { bytes: 1e6, fpi: Some((fpi, 1e6)), requests: answers + 100, busy_seconds };
             Sample { tally, seconds, wal }
         };
         let mut point = sample(3_000, 1.0, 1e5);
@@ -147,6 +149,9 @@ mod tests {
         assert_eq!(point.wal.requests, 4_200);
         assert!((point.wal.per_request().unwrap() - 2e6 / 4_200.0).abs() < 1e-9);
         assert!((point.wal.fpi_share().unwrap() - 0.2).abs() < 1e-12);
+        // 1 s of busy CPU over 4,200 requests.
+        assert!((point.wal.busy_us_per_request().unwrap() - 1e6 / 4_200.0).abs() < 1e-9);
         assert_eq!(Wal::default().per_request(), None);
+        assert_eq!(Wal::default().busy_us_per_request(), None);
     }
 }

@@ -75,10 +75,14 @@ pub struct CpuShares {
 
 /// The `cpu` line of /proc/stat: jiffies per state since boot.
 #[derive(Clone, Copy)]
-struct CpuTimes([u64; 8]);
+pub struct CpuTimes([u64; 8]);
+
+/// Jiffies a second in /proc/stat (Linux's USER_HZ, 100 on every
+/// architecture it runs on).
+const JIFFIES_PER_SECOND: f64 = 100.0;
 
 impl CpuTimes {
-    fn read() -> Option<Self> {
+    pub fn read() -> Option<Self> {
         let stat = std::fs::read_to_string("/proc/stat").ok()?;
         Self::parse(stat.lines().next()?)
     }
@@ -98,6 +102,13 @@ impl CpuTimes {
         let now = Self::read();
         let shares = now.zip(earlier).and_then(|(now, then)| now.shares_since(&then));
         (now, shares)
+    }
+
+    /// Seconds the machine's CPUs were busy (user, system, interrupts)
+    /// since `earlier`, all CPUs added up.
+    pub fn busy_seconds_since(&self, earlier: &Self) -> f64 {
+        let busy = |t: &Self| t.0[0] + t.0[1] + t.0[2] + t.0[5] + t.0[6];
+        busy(self).saturating_sub(busy(earlier)) as f64 / JIFFIES_PER_SECOND
     }
 
     fn shares_since(&self, earlier: &Self) -> Option<CpuShares> {
@@ -449,7 +460,7 @@ mod tests {
         let mut minute_of_floor = Tally::new().unwrap();
         minute_of_floor.record_us(3_000);
         let minutes = vec![minute.clone(), minute];
-        let wal = Wal { bytes: 48e6, fpi: None, requests: 12_000 };
+        let wal = Wal { bytes: 48e6, requests: 12_000, ..Wal::default() };
         let cpu = Some(CpuShares { busy: 88.0, iowait: 0.0, steal: 0.0 });
         let floor = Floor { max_tps: 200.0, rate: 160.0, minutes: vec![minute_of_floor], cpu };
         let run = Sustained {
@@ -491,6 +502,7 @@ mod tests {
         let shares = later.shares_since(&earlier).unwrap();
         assert_eq!(shares, CpuShares { busy: 65.0, iowait: 5.0, steal: 10.0 });
         assert!(later.shares_since(&later).is_none(), "no time passed");
+        assert_eq!(later.busy_seconds_since(&earlier), 0.65, "50 user, 10 system, 5 softirq");
         assert!(CpuTimes::parse("cpu0 1 2 3").is_none());
         assert!(CpuTimes::read().is_some(), "this machine has /proc/stat");
     }
