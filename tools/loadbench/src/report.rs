@@ -121,9 +121,14 @@ fn number(value: Option<f64>, decimals: usize) -> String {
     value.map_or_else(|| "—".to_owned(), |v| format!("{v:.decimals$}"))
 }
 
+/// The service's per-request amount (`of` its `Wal`) over the floor's.
+fn per_floor(row: &Row, of: fn(&Wal) -> Option<f64>) -> Option<f64> {
+    let floor = row.floor.as_ref().and_then(|run| of(&run.wal));
+    of(&row.sample.wal).zip(floor.filter(|f| *f > 0.0)).map(|(s, f)| s / f)
+}
+
 fn wal_ratio(row: &Row) -> Option<f64> {
-    let floor = row.floor.as_ref().and_then(|run| run.wal.per_request());
-    row.sample.wal.per_request().zip(floor.filter(|f| *f > 0.0)).map(|(s, f)| s / f)
+    per_floor(row, Wal::per_request)
 }
 
 impl Report {
@@ -289,17 +294,15 @@ impl Report {
         );
         for row in self.rows.iter().filter(|row| row.floor.is_some()) {
             let cpu = |wal: Option<&Wal>| wal.and_then(Wal::busy_us_per_request);
-            let (service, floor) =
-                (cpu(Some(&row.sample.wal)), cpu(row.floor.as_ref().map(|run| &run.wal)));
             let _ = writeln!(
                 md,
                 "| {} | {} | {} | {} | {} | {} |",
                 row.scenario,
                 row.connections,
-                number(service, 0),
+                number(cpu(Some(&row.sample.wal)), 0),
                 number(cpu(row.own.as_ref().map(|run| &run.wal)), 0),
-                number(floor, 0),
-                number(service.zip(floor.filter(|f| *f > 0.0)).map(|(s, f)| s / f), 2),
+                number(cpu(row.floor.as_ref().map(|run| &run.wal)), 0),
+                number(per_floor(row, Wal::busy_us_per_request), 2),
             );
         }
 

@@ -104,11 +104,16 @@ impl CpuTimes {
         (now, shares)
     }
 
-    /// Seconds the machine's CPUs were busy (user, system, interrupts)
-    /// since `earlier`, all CPUs added up.
-    pub fn busy_seconds_since(&self, earlier: &Self) -> f64 {
+    /// Jiffies busy since `earlier`: user, nice, system, irq, softirq.
+    fn busy_since(&self, earlier: &Self) -> u64 {
         let busy = |t: &Self| t.0[0] + t.0[1] + t.0[2] + t.0[5] + t.0[6];
-        busy(self).saturating_sub(busy(earlier)) as f64 / JIFFIES_PER_SECOND
+        busy(self).saturating_sub(busy(earlier))
+    }
+
+    /// Seconds the machine's CPUs were busy since `earlier`, all CPUs added
+    /// up.
+    pub fn busy_seconds_since(&self, earlier: &Self) -> f64 {
+        self.busy_since(earlier) as f64 / JIFFIES_PER_SECOND
     }
 
     fn shares_since(&self, earlier: &Self) -> Option<CpuShares> {
@@ -117,7 +122,7 @@ impl CpuTimes {
         let total: f64 = delta.iter().sum();
         let share = |jiffies: f64| 100.0 * jiffies / total;
         (total > 0.0).then(|| CpuShares {
-            busy: share(delta[0] + delta[1] + delta[2] + delta[5] + delta[6]),
+            busy: share(self.busy_since(earlier) as f64),
             iowait: share(delta[4]),
             steal: share(delta[7]),
         })
