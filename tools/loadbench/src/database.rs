@@ -91,6 +91,19 @@ impl BenchDatabase {
         self.admin.query_one(sql, &[]).await.ok().map(|row| row.get(0))
     }
 
+    /// Checkpoints started (counted as each begins) and when the last one
+    /// ended (the control file's checkpoint time, in seconds since the
+    /// epoch), if the server says: together they tell whether one is running
+    /// (`sustain::CheckpointWatch`).
+    pub async fn checkpoint_progress(&self) -> Option<(i64, i64)> {
+        let sql = "SELECT checkpoints_timed + checkpoints_req, \
+                          extract(epoch FROM (SELECT checkpoint_time \
+                                                FROM pg_control_checkpoint()))::int8 \
+                     FROM pg_stat_bgwriter";
+        let row = self.admin.query_one(sql, &[]).await.ok()?;
+        Some((row.get(0), row.get(1)))
+    }
+
     /// The WAL since `mark`, from LSNs (pg_stat_wal lags behind idle backends).
     pub async fn wal_since(&self, mark: &str, requests: u64) -> Result<Wal> {
         let (lsn, db) = ("$1::text::pg_lsn", &self.client);

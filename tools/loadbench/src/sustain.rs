@@ -53,7 +53,8 @@ impl Offer {
 }
 
 /// One second: 2xx, other statuses, no answer, the service's VmRSS, the
-/// slowest answer that ended in it and what the machine's CPUs did in it.
+/// slowest answer that ended in it, what the machine's CPUs did in it and
+/// whether PostgreSQL was in a checkpoint at its end.
 #[derive(Clone, Default)]
 pub struct Second {
     pub ok: u64,
@@ -62,6 +63,7 @@ pub struct Second {
     pub rss: Option<u64>,
     pub slowest_us: u64,
     pub cpu: Option<CpuShares>,
+    pub checkpoint: Option<bool>,
 }
 
 /// Shares of the machine's CPU time in one second, in %: busy (user,
@@ -129,6 +131,58 @@ impl CpuTimes {
     }
 }
 
+/// Whether a checkpoint is running, from successive readings of
+/// `BenchDatabase::checkpoint_progress`: one began for each rise of the
+/// started count, one ended for each new end time. A sustained run's slow
+/// minutes are where checkpoints run (RELIABILITY.md), so both tables say
+/// how many of each minute's seconds had one.
+struct CheckpointWatch {
+    started: i64,
+    ended: i64,
+    last_end: i64,
+}
+
+impl CheckpointWatch {
+    fn new((started, last_end): (i64, i64)) -> Self {
+        Self { started, ended: 0, last_end }
+    }
+
+    /// True while more checkpoints have begun than ended since the first
+    /// reading (the end of one already running then is not counted).
+    fn running(&mut self, (started, last_end): (i64, i64)) -> bool {
+        let begun = started - self.started;
+        if last_end != self.last_end {
+            self.last_end = last_end;
+            self.ended = (self.ended + 1).min(begun);
+        }
+        begun > self.ended
+    }
+}
+
+/// Each second of a run from `start`: whether a checkpoint was running at
+/// its end, `None` where the server did not say.
+async fn watch_checkpoints(db: &BenchDatabase, start: Instant, length: usize) -> Vec<Option<bool>> {
+    let mut tick = tokio::time::interval_at(start.into(), Duration::from_secs(1));
+    tick.tick().await;
+    let mut watch = db.checkpoint_progress().await.map(CheckpointWatch::new);
+    let mut seconds = Vec::with_capacity(length);
+    for _ in 0..length {
+        tick.tick().await;
+        let now = db.checkpoint_progress().await;
+        seconds.push(watch.as_mut().zip(now).map(|(watch, now)| watch.running(now)));
+    }
+    seconds
+}
+
+/// How many seconds of minute `minute` had a checkpoint running, or "—".
+fn checkpoint_seconds(running: &[Option<bool>], minute: usize) -> String {
+    let known: Vec<bool> = running.iter().skip(minute * 60).take(60).flatten().copied().collect();
+    match known.is_empty() {
+        true => "—".to_owned(),
+        false => known.iter().filter(|&&running| running).count().to_string(),
+    }
+}
+
 impl Second {
     fn answers(&self) -> u64 {
         self.ok + self.non_2xx + self.failed
@@ -158,6 +212,8 @@ pub struct Floor {
     pub minutes: Vec<Tally>,
     /// What the machine's CPUs did over the whole run.
     pub cpu: Option<CpuShares>,
+    /// Each second: a checkpoint running at its end (`watch_checkpoints`).
+    pub checkpoints: Vec<Option<bool>>,
 }
 
 pub async fn run(
@@ -248,10 +304,14 @@ pub async fn run(
     let mark = db.wal_mark().await?;
     let checkpoints_before = db.checkpoints().await;
     let started = chrono::Utc::now() + chrono::Duration::milliseconds(100);
-    let (results, sampled) = tokio::join!(join_all(clients), sampler);
+    let watched = watch_checkpoints(db, start, total_seconds);
+    let (results, sampled, running) = tokio::join!(join_all(clients), sampler, watched);
     sampled?;
     results.into_iter().collect::<Result<Vec<()>>>()?;
-    let (seconds, minutes) = (seconds.into_inner(), minutes.into_inner());
+    let (mut seconds, minutes) = (seconds.into_inner(), minutes.into_inner());
+    for (second, running) in seconds.iter_mut().zip(running) {
+        second.checkpoint = running;
+    }
     let wal = db.wal_since(&mark, seconds.iter().map(Second::answers).sum()).await?;
     let checkpoints =
         db.checkpoints().await.zip(checkpoints_before).map(|(after, before)| after - before);
@@ -260,10 +320,19 @@ pub async fn run(
     let rate = floor_max * percent / 100.0;
     say(format!("floor: maximum {floor_max:.0} TPS; offering {rate:.0}/s open-loop"));
     let _ = db.admin.batch_execute("CHECKPOINT").await;
-    let before = CpuTimes::read();
-    let floor_minutes = pgbench.open_loop(set, mix, (CONNECTIONS, rate), length).await?;
+    let (before, floor_start) = (CpuTimes::read(), Instant::now());
+    let (floor_minutes, floor_checkpoints) = tokio::join!(
+        pgbench.open_loop(set, mix, (CONNECTIONS, rate), length),
+        watch_checkpoints(db, floor_start, total_seconds)
+    );
     let (_, cpu) = CpuTimes::read_since(before);
-    let floor = Floor { max_tps: floor_max, rate, minutes: floor_minutes, cpu };
+    let floor = Floor {
+        max_tps: floor_max,
+        rate,
+        minutes: floor_minutes?,
+        cpu,
+        checkpoints: floor_checkpoints,
+    };
     Ok(Sustained {
         max_rps,
         percent,
@@ -333,9 +402,14 @@ impl Sustained {
                     cpu.busy, cpu.iowait, cpu.steal
                 )
             });
+            let checkpoint = match second.checkpoint {
+                Some(true) => "; a checkpoint running",
+                Some(false) => "; no checkpoint running",
+                None => "",
+            };
             let _ = write!(
                 text,
-                "\n  - {} UTC (second {}): {:.1} ms{cpu}",
+                "\n  - {} UTC (second {}): {:.1} ms{cpu}{checkpoint}",
                 at.format("%H:%M:%S"),
                 index + 1,
                 second.slowest_us as f64 / 1e3,
@@ -407,7 +481,7 @@ impl Sustained {
             self.wal.bytes / 1e6 / (length.max(1) as f64 / 60.0),
         );
         text += &self.slowest_seconds();
-        let Floor { max_tps: floor_max, rate, minutes: floor, cpu } = &self.floor;
+        let Floor { max_tps: floor_max, rate, minutes: floor, cpu, checkpoints } = &self.floor;
         let cpu = cpu.map_or(String::new(), |cpu| {
             format!(" The machine's CPUs were {:.0} % busy on average over it.", cpu.busy)
         });
@@ -416,15 +490,25 @@ impl Sustained {
             "\nBeside the floor: its mix at {:.0} % of its own maximum ({floor_max:.0} TPS, closed \
              loop, {MAX_CONNECTIONS} clients), {rate:.0}/s offered by pgbench `--rate` over \
              {CONNECTIONS} clients for as long; each latency from its scheduled start (pgbench's \
-             latency plus its schedule lag).{cpu}\n\n\
-             | minute | service p50 ms | p99 | p99.9 | max | floor p50 ms | p99 | p99.9 | max |\n\
-             |---|---|---|---|---|---|---|---|---|\n",
+             latency plus its schedule lag).{cpu} \"checkpoint s\": the minute's seconds with a \
+             PostgreSQL checkpoint running.\n\n\
+             | minute | service p50 ms | p99 | p99.9 | max | checkpoint s \
+             | floor p50 ms | p99 | p99.9 | max | checkpoint s |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|\n",
             self.percent
         );
+        let service_checkpoints: Vec<Option<bool>> =
+            self.seconds.iter().map(|second| second.checkpoint).collect();
         for minute in 0..self.minutes.len().max(floor.len()) {
             let service = quantiles(self.minutes.get(minute)).join(" | ");
+            let in_service = checkpoint_seconds(&service_checkpoints, minute);
             let floor = quantiles(floor.get(minute)).join(" | ");
-            let _ = writeln!(text, "| {} | {service} | {floor} |", minute + 1);
+            let in_floor = checkpoint_seconds(checkpoints, minute);
+            let _ = writeln!(
+                text,
+                "| {} | {service} | {in_service} | {floor} | {in_floor} |",
+                minute + 1
+            );
         }
         text
     }
@@ -460,6 +544,10 @@ mod tests {
         seconds[90] = second(98, 2, 41_000_000);
         seconds[30].slowest_us = 640_000;
         seconds[30].cpu = Some(CpuShares { busy: 97.0, iowait: 2.0, steal: 1.0 });
+        // A checkpoint in seconds 20 to 39 of the first minute; none read in the second.
+        for (index, second) in seconds.iter_mut().take(60).enumerate() {
+            second.checkpoint = Some((20..40).contains(&index));
+        }
         let mut minute = Tally::new().unwrap();
         minute.record_us(1_000);
         let mut minute_of_floor = Tally::new().unwrap();
@@ -467,7 +555,10 @@ mod tests {
         let minutes = vec![minute.clone(), minute];
         let wal = Wal { bytes: 48e6, requests: 12_000, ..Wal::default() };
         let cpu = Some(CpuShares { busy: 88.0, iowait: 0.0, steal: 0.0 });
-        let floor = Floor { max_tps: 200.0, rate: 160.0, minutes: vec![minute_of_floor], cpu };
+        let checkpoints = (0..60).map(|second| Some(second < 12)).collect();
+        let minutes_of_floor = vec![minute_of_floor];
+        let floor =
+            Floor { max_tps: 200.0, rate: 160.0, minutes: minutes_of_floor, cpu, checkpoints };
         let run = Sustained {
             max_rps: 125.0,
             percent: 80.0,
@@ -488,16 +579,35 @@ mod tests {
         assert!(report.contains("100.0 % of the offered rate"), "{report}");
         assert!(report.contains("41.0 MB in minute 2"), "{report}");
         assert!(report.contains("4000 bytes per request (24 MB a minute)"), "{report}");
-        assert!(report.contains("| 1 | 1.00 | 1.00 | 1.00 | 1.00 | 3.00 | 3.00 |"), "{report}");
-        assert!(report.contains("| 2 | 1.00 | 1.00 | 1.00 | 1.00 | — | — | — | — |"), "{report}");
+        let first = "| 1 | 1.00 | 1.00 | 1.00 | 1.00 | 20 | 3.00 | 3.00 | 3.00 | 3.00 | 12 |";
+        assert!(report.contains(first), "{report}");
+        let second = "| 2 | 1.00 | 1.00 | 1.00 | 1.00 | — | — | — | — | — | — |";
+        assert!(report.contains(second), "{report}");
         assert!(report.contains("checkpoints started during the run: 1."), "{report}");
         // The mean of the seconds read, not of every second.
         assert!(report.contains("load generator) were 97 % busy on average."), "{report}");
         assert!(report.contains("lag). The machine's CPUs were 88 % busy on average"), "{report}");
         let slowest = "  - 01:00:30 UTC (second 31): 640.0 ms; CPUs 97 % busy, 2 % waiting for \
-                       I/O, 1 % stolen\n  - ";
+                       I/O, 1 % stolen; a checkpoint running\n  - ";
         assert!(report.contains(slowest), "{report}");
         assert_eq!(report.matches(" UTC (second ").count(), SLOWEST_SECONDS, "{report}");
+    }
+
+    #[test]
+    fn a_checkpoint_runs_from_the_rise_of_the_started_count_to_a_new_end_time() {
+        let mut watch = CheckpointWatch::new((5, 1_000));
+        assert!(!watch.running((5, 1_000)));
+        assert!(watch.running((6, 1_000)), "one began");
+        assert!(watch.running((6, 1_000)));
+        assert!(!watch.running((6, 1_300)), "it ended");
+        // One that begins and ends between two readings was never seen running.
+        assert!(!watch.running((7, 1_301)));
+        assert!(watch.running((8, 1_301)));
+
+        // The end of one running before the first reading ends nothing later.
+        let mut watch = CheckpointWatch::new((5, 1_000));
+        assert!(!watch.running((5, 1_100)));
+        assert!(watch.running((6, 1_100)), "a later one is seen");
     }
 
     #[test]
