@@ -53,8 +53,7 @@ impl Offer {
 }
 
 /// One second: 2xx, other statuses, no answer, the service's VmRSS, the
-/// slowest answer that ended in it, what the machine's CPUs did in it and
-/// whether PostgreSQL was in a checkpoint at its end.
+/// slowest answer that ended in it and what the machine's CPUs did in it.
 #[derive(Clone, Default)]
 pub struct Second {
     pub ok: u64,
@@ -63,7 +62,6 @@ pub struct Second {
     pub rss: Option<u64>,
     pub slowest_us: u64,
     pub cpu: Option<CpuShares>,
-    pub checkpoint: Option<bool>,
 }
 
 /// Shares of the machine's CPU time in one second, in %: busy (user,
@@ -133,9 +131,9 @@ impl CpuTimes {
 
 /// Whether a checkpoint is running, from successive readings of
 /// `BenchDatabase::checkpoint_progress`: one began for each rise of the
-/// started count, one ended for each new end time. A sustained run's slow
-/// minutes are where checkpoints run (RELIABILITY.md), so both tables say
-/// how many of each minute's seconds had one.
+/// started count, one ended for each new end time. Both tables of a
+/// sustained run say how many of each minute's seconds had one, to tell
+/// whether a slow minute came with a checkpoint.
 struct CheckpointWatch {
     started: i64,
     ended: i64,
@@ -176,10 +174,12 @@ async fn watch_checkpoints(db: &BenchDatabase, start: Instant, length: usize) ->
 
 /// How many seconds of minute `minute` had a checkpoint running, or "—".
 fn checkpoint_seconds(running: &[Option<bool>], minute: usize) -> String {
-    let known: Vec<bool> = running.iter().skip(minute * 60).take(60).flatten().copied().collect();
-    match known.is_empty() {
-        true => "—".to_owned(),
-        false => known.iter().filter(|&&running| running).count().to_string(),
+    let known = running.iter().skip(minute * 60).take(60).flatten();
+    let (seconds, in_one) =
+        known.fold((0, 0), |(n, r), &running| (n + 1, r + usize::from(running)));
+    match seconds {
+        0 => "—".to_owned(),
+        _ => in_one.to_string(),
     }
 }
 
@@ -199,6 +199,8 @@ pub struct Sustained {
     pub wal: Wal,
     /// Checkpoints PostgreSQL started during the service's run.
     pub checkpoints: Option<i64>,
+    /// Each second: a checkpoint running at its end (`watch_checkpoints`).
+    pub in_checkpoint: Vec<Option<bool>>,
     /// Wall-clock time of the run's first second, to match a slow second
     /// with the database's log.
     pub started: chrono::DateTime<chrono::Utc>,
@@ -213,7 +215,7 @@ pub struct Floor {
     /// What the machine's CPUs did over the whole run.
     pub cpu: Option<CpuShares>,
     /// Each second: a checkpoint running at its end (`watch_checkpoints`).
-    pub checkpoints: Vec<Option<bool>>,
+    pub in_checkpoint: Vec<Option<bool>>,
 }
 
 pub async fn run(
@@ -305,13 +307,10 @@ pub async fn run(
     let checkpoints_before = db.checkpoints().await;
     let started = chrono::Utc::now() + chrono::Duration::milliseconds(100);
     let watched = watch_checkpoints(db, start, total_seconds);
-    let (results, sampled, running) = tokio::join!(join_all(clients), sampler, watched);
+    let (results, sampled, in_checkpoint) = tokio::join!(join_all(clients), sampler, watched);
     sampled?;
     results.into_iter().collect::<Result<Vec<()>>>()?;
-    let (mut seconds, minutes) = (seconds.into_inner(), minutes.into_inner());
-    for (second, running) in seconds.iter_mut().zip(running) {
-        second.checkpoint = running;
-    }
+    let (seconds, minutes) = (seconds.into_inner(), minutes.into_inner());
     let wal = db.wal_since(&mark, seconds.iter().map(Second::answers).sum()).await?;
     let checkpoints =
         db.checkpoints().await.zip(checkpoints_before).map(|(after, before)| after - before);
@@ -321,7 +320,7 @@ pub async fn run(
     say(format!("floor: maximum {floor_max:.0} TPS; offering {rate:.0}/s open-loop"));
     let _ = db.admin.batch_execute("CHECKPOINT").await;
     let (before, floor_start) = (CpuTimes::read(), Instant::now());
-    let (floor_minutes, floor_checkpoints) = tokio::join!(
+    let (floor_minutes, floor_in_checkpoint) = tokio::join!(
         pgbench.open_loop(set, mix, (CONNECTIONS, rate), length),
         watch_checkpoints(db, floor_start, total_seconds)
     );
@@ -331,7 +330,7 @@ pub async fn run(
         rate,
         minutes: floor_minutes?,
         cpu,
-        checkpoints: floor_checkpoints,
+        in_checkpoint: floor_in_checkpoint,
     };
     Ok(Sustained {
         max_rps,
@@ -341,6 +340,7 @@ pub async fn run(
         minutes,
         wal,
         checkpoints,
+        in_checkpoint,
         started,
         floor,
     })
@@ -402,7 +402,7 @@ impl Sustained {
                     cpu.busy, cpu.iowait, cpu.steal
                 )
             });
-            let checkpoint = match second.checkpoint {
+            let checkpoint = match self.in_checkpoint.get(index).copied().flatten() {
                 Some(true) => "; a checkpoint running",
                 Some(false) => "; no checkpoint running",
                 None => "",
@@ -481,7 +481,7 @@ impl Sustained {
             self.wal.bytes / 1e6 / (length.max(1) as f64 / 60.0),
         );
         text += &self.slowest_seconds();
-        let Floor { max_tps: floor_max, rate, minutes: floor, cpu, checkpoints } = &self.floor;
+        let Floor { max_tps: floor_max, rate, minutes: floor, cpu, in_checkpoint } = &self.floor;
         let cpu = cpu.map_or(String::new(), |cpu| {
             format!(" The machine's CPUs were {:.0} % busy on average over it.", cpu.busy)
         });
@@ -497,13 +497,11 @@ impl Sustained {
              |---|---|---|---|---|---|---|---|---|---|---|\n",
             self.percent
         );
-        let service_checkpoints: Vec<Option<bool>> =
-            self.seconds.iter().map(|second| second.checkpoint).collect();
         for minute in 0..self.minutes.len().max(floor.len()) {
             let service = quantiles(self.minutes.get(minute)).join(" | ");
-            let in_service = checkpoint_seconds(&service_checkpoints, minute);
+            let in_service = checkpoint_seconds(&self.in_checkpoint, minute);
             let floor = quantiles(floor.get(minute)).join(" | ");
-            let in_floor = checkpoint_seconds(checkpoints, minute);
+            let in_floor = checkpoint_seconds(in_checkpoint, minute);
             let _ = writeln!(
                 text,
                 "| {} | {service} | {in_service} | {floor} | {in_floor} |",
@@ -545,9 +543,7 @@ mod tests {
         seconds[30].slowest_us = 640_000;
         seconds[30].cpu = Some(CpuShares { busy: 97.0, iowait: 2.0, steal: 1.0 });
         // A checkpoint in seconds 20 to 39 of the first minute; none read in the second.
-        for (index, second) in seconds.iter_mut().take(60).enumerate() {
-            second.checkpoint = Some((20..40).contains(&index));
-        }
+        let in_checkpoint = (0..60).map(|second| Some((20..40).contains(&second))).collect();
         let mut minute = Tally::new().unwrap();
         minute.record_us(1_000);
         let mut minute_of_floor = Tally::new().unwrap();
@@ -555,10 +551,13 @@ mod tests {
         let minutes = vec![minute.clone(), minute];
         let wal = Wal { bytes: 48e6, requests: 12_000, ..Wal::default() };
         let cpu = Some(CpuShares { busy: 88.0, iowait: 0.0, steal: 0.0 });
-        let checkpoints = (0..60).map(|second| Some(second < 12)).collect();
-        let minutes_of_floor = vec![minute_of_floor];
-        let floor =
-            Floor { max_tps: 200.0, rate: 160.0, minutes: minutes_of_floor, cpu, checkpoints };
+        let floor = Floor {
+            max_tps: 200.0,
+            rate: 160.0,
+            minutes: vec![minute_of_floor],
+            cpu,
+            in_checkpoint: (0..60).map(|second| Some(second < 12)).collect(),
+        };
         let run = Sustained {
             max_rps: 125.0,
             percent: 80.0,
@@ -567,6 +566,7 @@ mod tests {
             minutes,
             wal,
             checkpoints: Some(1),
+            in_checkpoint,
             started: "2026-12-06T01:00:00Z".parse().unwrap(),
             floor,
         };
