@@ -195,15 +195,18 @@ async fn outbox_statements_do_not_depend_on_statistics() {
         return;
     }
     use chargeonce::db::Statement;
-    // A probe of the primary key, or of the live endpoints' index by both
-    // of its columns.
+    // A probe of the primary key, or of an index led by the merchant (the
+    // events' listing, the live endpoints') by both of its columns: not
+    // the merchant's range of it, filtered.
     const BY_MERCHANT_AND_ID: &str = "Index Cond: ((merchant_id = $1) AND (id = $2))";
     let database = migrated_database().await;
     let client = database.client().await;
-    let cases: [(&str, &Statement, &str); 26] = [
+    let cases: [(&str, &Statement, &str); 28] = [
         ("events::LIST", &events::LIST, "events_listing"),
         ("events::FIND", &events::FIND, "events_listing"),
+        ("events::FIND", &events::FIND, BY_MERCHANT_AND_ID),
         ("events::QUEUE", &events::QUEUE, "events_listing"),
+        ("events::QUEUE", &events::QUEUE, BY_MERCHANT_AND_ID),
         ("events::QUEUED", &events::QUEUED, "event_queue_pkey"),
         ("events::FAN_OUT", &events::FAN_OUT, "event_queue_pkey"),
         // The merchant's live endpoints (the partial index of them), only
