@@ -51,9 +51,11 @@ pub enum StartupError {
 /// retention), apart from the request handlers' `database.pool_size`.
 pub const BACKGROUND_CONNECTIONS: usize = 4;
 
-/// Connections of the webhook dispatcher (and of its backlog measurement,
-/// `workers::backlog`), a pool of its own so deliveries and requests never
-/// wait for each other's connections.
+/// Connections of the webhook dispatcher, pools of its own so deliveries
+/// and requests never wait for each other's connections: one for its
+/// rounds, the rest for the attempts' records (and for the backlog
+/// measurement, `workers::backlog`), so a burst of records never delays a
+/// round (`service::dispatch`).
 pub const DISPATCHER_CONNECTIONS: usize = 4;
 
 /// The pool of one HTTP worker thread, `connections` of the
@@ -317,11 +319,10 @@ fn start_workers(
     (charges, refunds): (Charges, Refunds),
     stop: &CancellationToken,
 ) -> Result<Vec<JoinHandle<()>>, StartupError> {
-    let dispatcher_db = Database::new(
-        &crate::service::dispatch::database_settings(&settings.database),
-        DISPATCHER_CONNECTIONS,
-    )?;
+    let dispatcher_settings = crate::service::dispatch::database_settings(&settings.database);
+    let dispatcher_db = Database::new(&dispatcher_settings, DISPATCHER_CONNECTIONS - 1)?;
     let dispatcher = Dispatcher::new(
+        Database::new(&dispatcher_settings, 1)?,
         dispatcher_db.clone(),
         Sender::new(&settings.webhooks).map_err(StartupError::WebhookClient)?,
         settings.webhooks.clone(),

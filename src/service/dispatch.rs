@@ -15,7 +15,9 @@
 //!    due deliveries, chosen fairly (`fair`): merchant by merchant in turn,
 //!    no endpoint with more than `webhooks.max_in_flight_per_endpoint` in
 //!    flight on this instance, no merchant with more than half of its
-//!    slots. Each is leased for `webhooks.timeout_ms` + 5 s, held back while
+//!    slots. A full window of candidates whose merchants cannot take the
+//!    free slots is read past (`choose_due`), so one merchant's backlog
+//!    never hides another's deliveries behind it. Each is leased for `webhooks.timeout_ms` + 5 s, held back while
 //!    its endpoint's circuit breaker says so, or given up if its endpoint
 //!    was deleted or disabled. No other instance claims a leased delivery,
 //!    so a delivery is never being sent twice at the same time. The rest of
@@ -33,7 +35,11 @@
 //!    in a row its deliveries wait for a growing pause, after which one
 //!    delivery at a time probes it (per instance), and after
 //!    `webhooks.disable_after_ms` of failing it is disabled, with a
-//!    `webhook_endpoint.disabled` event for its merchant.
+//!    `webhook_endpoint.disabled` event for its merchant. A merchant's
+//!    records take at most all but one of the records' connections at once
+//!    (`fair::RecordTurns`): one whose records are slow (its endpoint's row
+//!    locked) leaves a connection to the others, whose attempts would
+//!    otherwise keep their endpoints' shares while they wait.
 //!
 //! If the process dies between 3 and 4, the delivery comes due again when
 //! its lease runs out and is sent again, with the same `webhook-id`:
@@ -41,10 +47,17 @@
 //! nothing is ever lost, since an event leaves the outbox only by retention,
 //! and retention takes only events with no pending delivery.
 //!
-//! Nothing here touches `charges`: the dispatcher has its own pool (whose
+//! Nothing here touches `charges`: the dispatcher has its own pools (whose
 //! statements the server cancels before the client would give up on them,
 //! `database_settings`), and the fan-out's row locks are on the event queue
-//! only.
+//! only. The rounds (steps 1 and 2) have a connection of their own, apart
+//! from the records of step 4: deliveries started together end together
+//! (a merchant's hanging receivers all reach `webhooks.timeout_ms` in the
+//! same moment), and the burst of records and breaker updates that follows
+//! must not hold up the next round, which starts every other merchant's
+//! events. Sharing one pool, 50 timed-out deliveries of one merchant held
+//! another's next events 0.4 s on an idle Citus cluster and 1.3 s under
+//! CI's load (`tests/api/webhooks/isolation.rs` has each of these cases).
 
 mod fair;
 
@@ -58,14 +71,14 @@ use tokio_postgres::error::SqlState;
 use crate::backoff::{equal_jitter, full_jitter, Backoff, RECORD_RETRY};
 use crate::config::{DatabaseSettings, WebhookSettings};
 use crate::db::events::QueuedEvent;
-use crate::db::webhook_deliveries::{AttemptRecord, Claim, ClaimedDelivery};
+use crate::db::webhook_deliveries::{AttemptRecord, Claim, ClaimedDelivery, DueDelivery};
 use crate::db::{self, Database, DbError};
 use crate::domain::DeliveryStatus;
 use crate::metrics;
 use crate::telemetry::error_chain;
 use crate::webhooks::{AttemptOutcome, Sender};
 
-use self::fair::{InFlight, Shares};
+use self::fair::{InFlight, RecordTurns, Shares};
 use super::ServiceError;
 
 /// What one round did, and whether there is probably more to do at once.
@@ -83,7 +96,12 @@ pub struct Round {
 /// The fan-out and the delivery of webhooks. Cheap to clone.
 #[derive(Clone)]
 pub struct Dispatcher {
-    db: Database,
+    /// The rounds' pool: fan-out and claim, one statement at a time.
+    rounds: Database,
+    /// The attempts' pool: their records and the circuit breakers, each
+    /// merchant's at most all but one of its connections at once.
+    records: Database,
+    record_turns: RecordTurns,
     sender: Sender,
     settings: WebhookSettings,
     /// One permit per delivery being attempted, `webhooks.batch_size` in
@@ -94,11 +112,21 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    /// `db` should be a pool of its own, so deliveries never wait for the
-    /// request handlers' connections, nor they for ours.
-    pub fn new(db: Database, sender: Sender, settings: WebhookSettings) -> Self {
+    /// `rounds` and `records` should be pools of their own, so deliveries
+    /// never wait for the request handlers' connections, nor they for ours,
+    /// and a burst of records never delays a round; the rounds hold one
+    /// connection at a time.
+    pub fn new(
+        rounds: Database,
+        records: Database,
+        sender: Sender,
+        settings: WebhookSettings,
+    ) -> Self {
+        let connections = records.pool().status().max_size;
         Self {
-            db,
+            rounds,
+            record_turns: RecordTurns::new(connections.saturating_sub(1)),
+            records,
             sender,
             permits: Arc::new(Semaphore::new(slots(&settings))),
             settings,
@@ -132,7 +160,7 @@ impl Dispatcher {
     /// more failures than one or two bad events explain.
     async fn fan_out(&self) -> Result<(usize, u64), ServiceError> {
         let queued = {
-            let conn = self.db.conn().await?;
+            let conn = self.rounds.conn().await?;
             db::events::queued(&conn, self.settings.batch_size).await?
         };
         let max_endpoints = i64::from(self.settings.max_endpoints_per_merchant);
@@ -145,7 +173,7 @@ impl Dispatcher {
                 continue;
             }
             let fanned = async {
-                let conn = self.db.conn().await?;
+                let conn = self.rounds.conn().await?;
                 db::events::fan_out(&conn, batch, max_endpoints).await
             }
             .await;
@@ -181,7 +209,7 @@ impl Dispatcher {
             rand::random(),
         );
         let reason = error_chain(error);
-        let conn = self.db.conn().await?;
+        let conn = self.rounds.conn().await?;
         let set = db::events::set_aside(&conn, event, retry_in, &reason).await?;
         // Locked: a fan-out of it (or one being undone) still holds it; it
         // is tried again as it is.
@@ -201,18 +229,11 @@ impl Dispatcher {
     /// full window and took something (then more may be ready at once).
     async fn start_due(&self, free: usize) -> Result<(usize, bool), ServiceError> {
         let lease = self.settings.lease();
-        let shares = self.shares();
-        // Read more than there are slots: some candidates belong to
-        // endpoints or merchants that reach their share on the way.
-        let window = i64::try_from(free.saturating_mul(2)).unwrap_or(i64::MAX);
-        let (full_endpoints, full_merchants) = self.in_flight.full(shares);
         // Our clock's view of the lease ends no later than the database's.
         let lease_ends = Instant::now() + lease;
-        let (read, claim, settled) = {
-            let conn = self.db.conn().await?;
-            let due = db::webhook_deliveries::due(&conn, window, &full_endpoints, &full_merchants)
-                .await?;
-            let chosen = self.in_flight.choose(&due, free, shares);
+        let (full_window, claim, settled) = {
+            let conn = self.rounds.conn().await?;
+            let (due, chosen, full_window) = self.choose_due(&conn, free).await?;
             let claim = db::webhook_deliveries::claim(&conn, lease, &chosen).await?;
             // Closed, whichever instance found it so: no attempt goes there
             // now, one delivery a round is checked (a probe, when the
@@ -228,7 +249,7 @@ impl Dispatcher {
             } else {
                 db::webhook_deliveries::settle(&conn, &rest).await?
             };
-            (due.len(), claim, settled)
+            (full_window, claim, settled)
         };
         self.report(&claim);
         self.report(&settled);
@@ -258,7 +279,46 @@ impl Dispatcher {
             });
             started += 1;
         }
-        Ok((started, taken > 0 && read as i64 >= window))
+        Ok((started, taken > 0 && full_window))
+    }
+
+    /// Reads due deliveries (`DUE`) and chooses up to `free` of them fairly;
+    /// returns what it read, what it chose, and whether the last read
+    /// filled its window. A full window may hide other merchants' due
+    /// deliveries behind its own: when its merchants could not take all the
+    /// free slots, it reads on past them (at most `DUE_READS` times a
+    /// round). Without that, a merchant with a backlog whose deliveries end
+    /// quickly, below its share whenever a round reads, filled every window
+    /// with its backlog, and on Citus (where a round takes longer than such
+    /// a delivery) another merchant's events waited for all of it: 50 s
+    /// behind a backlog of 10,000.
+    async fn choose_due(
+        &self,
+        conn: &db::Conn,
+        free: usize,
+    ) -> Result<(Vec<DueDelivery>, Vec<DueDelivery>, bool), DbError> {
+        let shares = self.shares();
+        let (full_endpoints, mut passed) = self.in_flight.full(shares);
+        let (mut due, mut chosen) = (Vec::new(), Vec::new());
+        for _ in 0..DUE_READS {
+            // Read more than there are slots: some candidates belong to
+            // endpoints or merchants that reach their share on the way.
+            let left = free - chosen.len();
+            let window = i64::try_from(left.saturating_mul(2)).unwrap_or(i64::MAX);
+            let read = db::webhook_deliveries::due(conn, window, &full_endpoints, &passed).await?;
+            // Its merchants are not in `passed`, nor in an earlier read:
+            // their counts are not changed by what was chosen before.
+            chosen.extend(self.in_flight.choose(&read, left, shares));
+            let full_window = read.len() as i64 >= window;
+            passed.extend(read.iter().map(|delivery| *delivery.merchant_id.as_uuid()));
+            passed.sort_unstable();
+            passed.dedup();
+            due.extend(read);
+            if !full_window || chosen.len() >= free {
+                return Ok((due, chosen, full_window));
+            }
+        }
+        Ok((due, chosen, true))
     }
 
     fn shares(&self) -> Shares {
@@ -300,6 +360,7 @@ impl Dispatcher {
             .send(&delivery.url, &delivery.secret, &delivery.event)
             .await;
         metrics::webhook_attempt(outcome.kind.as_str(), outcome.duration);
+        let _turn = self.record_turns.take(delivery.merchant_id).await;
         self.record(delivery, &outcome, lease_ends).await;
         self.breaker(delivery, &outcome).await;
     }
@@ -336,7 +397,7 @@ impl Dispatcher {
         let mut pause = pauses.next_pause();
         loop {
             let recorded = async {
-                let conn = self.db.conn().await?;
+                let conn = self.records.conn().await?;
                 db::webhook_deliveries::record_attempt(&conn, delivery, &record).await
             }
             .await;
@@ -390,7 +451,7 @@ impl Dispatcher {
         let endpoint = delivery.endpoint_id;
         let merchant = delivery.merchant_id;
         let told = async {
-            let conn = self.db.conn().await?;
+            let conn = self.records.conn().await?;
             if outcome.delivered() {
                 self.in_flight.set_tripped(endpoint, false);
                 // Only an endpoint that was failing has a run to end.
@@ -460,6 +521,10 @@ impl Dispatcher {
         let _ = tokio::time::timeout(self.settings.lease(), self.permits.acquire_many(all)).await;
     }
 }
+
+/// The most `DUE` reads of one round: a full window whose merchants could
+/// not take the free slots is read past, up to this many times.
+const DUE_READS: usize = 4;
 
 /// Deliveries one instance attempts at once: `webhooks.batch_size`.
 fn slots(settings: &WebhookSettings) -> usize {

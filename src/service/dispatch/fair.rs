@@ -4,11 +4,14 @@
 //! (one while its circuit breaker is open: a single probe at a time) and
 //! each merchant at most half of them, and the free slots go merchant by
 //! merchant in turn rather than to whoever's deliveries came due first.
-//! Pure bookkeeping: the counts of what is in flight, and the choice.
+//! Pure bookkeeping: the counts of what is in flight, and the choice. And
+//! the same for the database work of finished attempts (`RecordTurns`):
+//! each merchant gets at most all but one of the records' connections.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
 use crate::db::webhook_deliveries::DueDelivery;
@@ -183,6 +186,73 @@ impl Drop for Started {
     }
 }
 
+/// Turns at the connections that record finished attempts, per merchant:
+/// at most `per_merchant` of one merchant's attempts are recorded at once.
+/// A merchant whose records are slow (its endpoint's row locked, its
+/// attempts all ending together) then leaves the rest of the connections
+/// to the others; their attempts, recorded at once, free their endpoints'
+/// shares. Cheap to clone; clones share the turns.
+#[derive(Debug, Clone)]
+pub struct RecordTurns {
+    per_merchant: usize,
+    merchants: Arc<Mutex<HashMap<MerchantId, Arc<Semaphore>>>>,
+}
+
+impl RecordTurns {
+    pub fn new(per_merchant: usize) -> Self {
+        Self {
+            per_merchant: per_merchant.max(1),
+            merchants: Arc::default(),
+        }
+    }
+
+    fn merchants(&self) -> std::sync::MutexGuard<'_, HashMap<MerchantId, Arc<Semaphore>>> {
+        self.merchants
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits for a turn of `merchant`'s; it lasts until the guard is dropped.
+    pub async fn take(&self, merchant: MerchantId) -> Turn {
+        let turns = self
+            .merchants()
+            .entry(merchant)
+            .or_insert_with(|| Arc::new(Semaphore::new(self.per_merchant)))
+            .clone();
+        // Never closed.
+        let permit = turns.acquire_owned().await.ok();
+        Turn {
+            permit,
+            merchant,
+            turns: self.clone(),
+        }
+    }
+}
+
+/// One merchant's turn at recording; dropping it ends it, and the last one
+/// out forgets the merchant.
+#[derive(Debug)]
+pub struct Turn {
+    permit: Option<OwnedSemaphorePermit>,
+    merchant: MerchantId,
+    turns: RecordTurns,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        let mut merchants = self.turns.merchants();
+        // Clones are made under this lock: only the map's is left when no
+        // turn of the merchant is held or awaited.
+        if merchants
+            .get(&self.merchant)
+            .is_some_and(|turns| Arc::strong_count(turns) == 1)
+        {
+            merchants.remove(&self.merchant);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,5 +388,23 @@ mod tests {
         assert_eq!(in_flight.choose(&due(1, 1, 3), 0, SHARES), []);
         assert_eq!(in_flight.choose(&[], 10, SHARES), []);
         assert_eq!(in_flight.choose(&due(1, 1, 3), 2, SHARES).len(), 2);
+    }
+
+    /// One merchant waits for its own turns at recording, never for
+    /// another's, and a merchant with no turn held or awaited is forgotten.
+    #[tokio::test]
+    async fn a_merchant_waits_only_for_its_own_turns_at_recording() {
+        let turns = RecordTurns::new(2);
+        let first = turns.take(merchant(1)).await;
+        let second = turns.take(merchant(1)).await;
+        let third = turns.take(merchant(1));
+        tokio::pin!(third);
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(20), &mut third).await;
+        assert!(waited.is_err(), "a third turn of one merchant at once");
+        let other = turns.take(merchant(2)).await;
+        drop(first);
+        let third = third.await;
+        drop((second, third, other));
+        assert!(turns.merchants().is_empty());
     }
 }
