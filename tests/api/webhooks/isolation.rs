@@ -87,6 +87,28 @@ async fn charge_now(app: &TestApp, key: &str) -> (String, Instant) {
     )
 }
 
+/// `count` succeeded charges of the app's merchant, `apart` from each
+/// other; their ids and when each was answered.
+async fn charges_apart(app: &TestApp, count: usize, apart: Duration) -> Vec<(String, Instant)> {
+    let mut charges = Vec::new();
+    for n in 0..count {
+        charges.push(charge_now(app, &format!("a-{n}")).await);
+        tokio::time::sleep(apart).await;
+    }
+    charges
+}
+
+/// `count` declined charges of the merchant whose key is `api_key`: a
+/// `charge.failed` event each.
+async fn decline(app: &TestApp, api_key: &str, count: usize) {
+    for n in 0..count {
+        let declined = app
+            .post_charge_as(api_key, &format!("b-{n}"), &charge_body(102))
+            .await;
+        assert_eq!(declined.status, 402, "{}", declined.body);
+    }
+}
+
 async fn deliveries_of(app: &TestApp, merchant_name: &str) -> i64 {
     app.sql()
         .await
@@ -346,11 +368,7 @@ async fn backlog_of_b(
 /// The app's merchant's five charges, 100 ms apart, whose events must reach
 /// `a` within `other_merchants_bound`.
 async fn a_events_arrive_in_time(app: &TestApp, a: &Receiver) {
-    let mut charges = Vec::new();
-    for n in 0..5 {
-        charges.push(charge_now(app, &format!("a-{n}")).await);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let charges = charges_apart(app, 5, Duration::from_millis(100)).await;
     let slowest = latencies(a, &charges, Duration::from_secs(60)).await;
     println!("A's events arrived within {slowest:?} of their charges");
     assert!(
@@ -640,12 +658,7 @@ async fn hanging_receivers_delay_only_their_own_merchant() {
         create_endpoint(&app.address, &b, &endpoint.url, Some(&["charge.failed"])).await;
         hung.push(endpoint);
     }
-    for n in 0..40 {
-        let declined = app
-            .post_charge_as(&b, &format!("b-{n}"), &charge_body(102))
-            .await;
-        assert_eq!(declined.status, 402);
-    }
+    decline(&app, &b, 40).await;
     // B's receivers are holding deliveries.
     let started = Instant::now();
     while hung.iter().map(|h| h.counts().open).sum::<usize>() < 32 {
@@ -655,11 +668,7 @@ async fn hanging_receivers_delay_only_their_own_merchant() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut charges = Vec::new();
-    for n in 0..20 {
-        charges.push(charge_now(&app, &format!("a-{n}")).await);
-        tokio::time::sleep(Duration::from_millis(150)).await;
-    }
+    let charges = charges_apart(&app, 20, Duration::from_millis(150)).await;
     let slowest = latencies(&a, &charges, Duration::from_secs(30)).await;
     let accepted: usize = hung.iter().map(|h| h.counts().accepted).sum();
     println!("A's latency, slowest first: {slowest:?}; B's receivers took {accepted} requests");
@@ -721,12 +730,7 @@ async fn attempts_slow_to_record_delay_only_their_own_merchant() {
         .await
         .unwrap();
     assert_eq!(locked, 2);
-    for n in 0..40 {
-        let declined = app
-            .post_charge_as(&b, &format!("b-{n}"), &charge_body(102))
-            .await;
-        assert_eq!(declined.status, 402);
-    }
+    decline(&app, &b, 40).await;
     let started = Instant::now();
     while failing.iter().map(|r| r.received().len()).sum::<usize>() < 8 {
         assert!(
@@ -735,11 +739,7 @@ async fn attempts_slow_to_record_delay_only_their_own_merchant() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut charges = Vec::new();
-    for n in 0..20 {
-        charges.push(charge_now(&app, &format!("a-{n}")).await);
-        tokio::time::sleep(Duration::from_millis(150)).await;
-    }
+    let charges = charges_apart(&app, 20, Duration::from_millis(150)).await;
     lock.batch_execute("ROLLBACK").await.unwrap();
     let slowest = latencies(&a, &charges, Duration::from_secs(30)).await;
     let attempts: usize = failing.iter().map(|r| r.received().len()).sum();
