@@ -17,13 +17,14 @@
 //!    flight on this instance, no merchant with more than half of its
 //!    slots. A full window of candidates whose merchants cannot take the
 //!    free slots is read past (`choose_due`), so one merchant's backlog
-//!    never hides another's deliveries behind it. Each is leased for `webhooks.timeout_ms` + 5 s, held back while
-//!    its endpoint's circuit breaker says so, or given up if its endpoint
-//!    was deleted or disabled. No other instance claims a leased delivery,
-//!    so a delivery is never being sent twice at the same time. The rest of
-//!    the candidates to endpoints known closed are then settled together
-//!    (`HOLD`, `GIVE_UP`), so a merchant's backlog behind a dead endpoint
-//!    leaves the due deliveries in a few rounds rather than one a round.
+//!    never hides another's deliveries behind it. Each is leased for
+//!    `webhooks.timeout_ms` + 5 s, held back while its endpoint's circuit
+//!    breaker says so, or given up if its endpoint was deleted or disabled.
+//!    No other instance claims a leased delivery, so a delivery is never
+//!    being sent twice at the same time. The rest of the candidates to
+//!    endpoints known closed are then settled together (`HOLD`,
+//!    `GIVE_UP`), so a merchant's backlog behind a dead endpoint leaves the
+//!    due deliveries in a few rounds rather than one a round.
 //! 3. **Attempt** (`webhooks::Sender`), holding no database connection and
 //!    no transaction: the receiver's time is never the database's.
 //! 4. **Record** (`db::webhook_deliveries::RECORD_ATTEMPT`, one statement):
