@@ -381,10 +381,11 @@ async fn a_events_arrive_in_time(app: &TestApp, a: &Receiver) {
 /// other merchant: A's events arrive within `other_merchants_bound` while
 /// most of B's backlog is still due. B's deliveries end within moments and
 /// each frees a slot of B's, so B is seldom at its share when the claim
-/// reads, and its backlog, due before A's events, filled every window:
-/// before the claim read on past the merchants a full window had offered,
-/// A's events waited for all of B's backlog (about 10 s on one
-/// PostgreSQL).
+/// reads, and its backlog, due before A's events, filled every window.
+/// Before the claim read on past the merchants of a full window, A's
+/// events waited for all of B's backlog on Citus, where a round takes
+/// longer than one of B's deliveries: 50 s. (On one PostgreSQL rounds are
+/// quicker than that, and A's took 0.1 s either way.)
 #[tokio::test]
 async fn a_backlog_to_a_healthy_endpoint_holds_up_no_other_merchant() {
     let app = spawn_app_with(quick).await;
@@ -697,9 +698,11 @@ async fn hanging_receivers_delay_only_their_own_merchant() {
 /// hold them): each of B's failed attempts then waits for its circuit
 /// breaker's update, up to the dispatcher's statement timeout, holding a
 /// connection, 8 at a time. Merchant A's events must still arrive within
-/// 1 s, each once. Before the dispatcher's rounds had a connection of their
-/// own, B's waiting updates took all of its connections and A's events
-/// waited for the lock.
+/// 1 s, each once (55 ms here). Before, B's waiting updates took all of the
+/// dispatcher's connections and A's events waited for the lock (2.6 s);
+/// with a connection of the rounds' own but not `fair::RecordTurns`, A's
+/// attempts waited behind B's to be recorded, holding A's endpoint's share
+/// of 4 deliveries in flight (2.1 s).
 #[tokio::test]
 async fn attempts_slow_to_record_delay_only_their_own_merchant() {
     let app = spawn_app_with(quick).await;
