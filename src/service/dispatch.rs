@@ -290,9 +290,12 @@ impl Dispatcher {
     /// free slots, it reads on past them (at most `DUE_READS` times a
     /// round). Without that, a merchant with a backlog whose deliveries end
     /// quickly, below its share whenever a round reads, filled every window
-    /// with its backlog, and on Citus (where a round takes longer than such
-    /// a delivery) another merchant's events waited for all of it: 50 s
-    /// behind a backlog of 10,000.
+    /// with its backlog. Once the rounds stopped waiting for the records
+    /// (their own connection, `RecordTurns`), that was every round on
+    /// Citus, where a round takes longer than such a delivery: another
+    /// merchant's events waited 50 s behind a backlog of 10,000. (Before,
+    /// rounds slowed by B's records read B at its share often enough:
+    /// 0.5 s.)
     async fn choose_due(
         &self,
         conn: &db::Conn,

@@ -382,10 +382,12 @@ async fn a_events_arrive_in_time(app: &TestApp, a: &Receiver) {
 /// most of B's backlog is still due. B's deliveries end within moments and
 /// each frees a slot of B's, so B is seldom at its share when the claim
 /// reads, and its backlog, due before A's events, filled every window.
-/// Before the claim read on past the merchants of a full window, A's
-/// events waited for all of B's backlog on Citus, where a round takes
-/// longer than one of B's deliveries: 50 s. (On one PostgreSQL rounds are
-/// quicker than that, and A's took 0.1 s either way.)
+/// With the rounds on a connection of their own but before the claim read
+/// on past the merchants of a full window, A's events waited for all of
+/// B's backlog on Citus, where a round takes longer than one of B's
+/// deliveries: 50 s. (Before both, rounds slowed by B's records found B
+/// at its share often enough: 0.5 s on Citus. On one PostgreSQL rounds are
+/// quicker, and A's took 0.1 s either way.)
 #[tokio::test]
 async fn a_backlog_to_a_healthy_endpoint_holds_up_no_other_merchant() {
     let app = spawn_app_with(quick).await;
