@@ -456,6 +456,7 @@ pub const ALL_STATEMENTS: &[(&str, Statement)] = &[
         refunds::STATEMENTS.record_outcome,
     ),
     ("refunds::RECORD_EVENT", refunds::STATEMENTS.record_event),
+    ("refunds::LOCK_CHARGE", refunds::LOCK_CHARGE),
     (
         "refunds::FORGET_UNCONFIRMED",
         refunds::STATEMENTS.forget_unconfirmed,

@@ -74,6 +74,13 @@ pub trait Stored: Record + serde::Serialize + std::fmt::Debug {
     /// The record as an event about it shows it (a charge before any
     /// refund, as its creation answered).
     fn into_event(self) -> Self;
+
+    /// A statement (merchant, id) that locks the other rows this record's
+    /// outcome or forgetting changes too, run first in their transactions;
+    /// `None` if they change no other row. A transaction that changes both
+    /// must take their locks in the order the record's creation takes them
+    /// (`db::refunds` says why).
+    const LOCK_FIRST: Option<&'static Statement> = None;
 }
 
 /// Writes the shared statements of a record table:
@@ -405,14 +412,16 @@ pub async fn record_outcomes<R: Stored>(
         .values()
         .map(|&index| &items[index])
         .collect();
-    // The event reads the row its update changed, and the queue row the
-    // event (`Conn::prepare` says why this comes first).
-    conn.prepare(&[
+    // The update comes after the lock, the event reads the row the update
+    // changed, and the queue row the event (`Conn::prepare` says why this
+    // comes first).
+    let mut statements = vec![
         &R::STATEMENTS.record_outcome,
         &R::STATEMENTS.record_event,
         &super::events::QUEUE,
-    ])
-    .await?;
+    ];
+    statements.extend(R::LOCK_FIRST);
+    conn.prepare(&statements).await?;
     let recorded = conn
         .transaction(async {
             let each = sent.iter().map(|(record, outcome)| async move {
@@ -430,7 +439,8 @@ pub async fn record_outcomes<R: Stored>(
                     &message,
                     &processor_id,
                 ];
-                let (row, (), ()) = futures_util::try_join!(
+                let ((), row, (), ()) = futures_util::try_join!(
+                    lock_first::<R>(conn, merchant, id),
                     conn.query_opt(&R::STATEMENTS.record_outcome, &params),
                     add_event::<R>(conn, record, event, status, 0, data),
                     super::events::queue(conn, merchant, event),
@@ -480,6 +490,14 @@ async fn add_event<R: Stored>(
     Ok(())
 }
 
+/// Runs the record's [`Stored::LOCK_FIRST`], if it has one.
+async fn lock_first<R: Stored>(conn: &Conn, merchant: MerchantId, id: Uuid) -> Result<(), DbError> {
+    if let Some(lock) = R::LOCK_FIRST {
+        conn.execute(lock, &[merchant.as_uuid(), &id]).await?;
+    }
+    Ok(())
+}
+
 /// Deletes the record `id` if it is still exactly as its insert left it;
 /// returns whether it did.
 pub async fn forget_unconfirmed<R: Stored>(
@@ -487,12 +505,25 @@ pub async fn forget_unconfirmed<R: Stored>(
     merchant: MerchantId,
     id: Uuid,
 ) -> Result<bool, DbError> {
-    let changed = conn
-        .query(
-            &R::STATEMENTS.forget_unconfirmed,
-            &[merchant.as_uuid(), &id],
-        )
-        .await?;
+    let params: [&(dyn ToSql + Sync); 2] = [merchant.as_uuid(), &id];
+    let changed = match R::LOCK_FIRST {
+        None => {
+            conn.query(&R::STATEMENTS.forget_unconfirmed, &params)
+                .await?
+        }
+        Some(lock) => {
+            conn.prepare(&[lock, &R::STATEMENTS.forget_unconfirmed])
+                .await?;
+            conn.transaction(async {
+                let (_, changed) = futures_util::try_join!(
+                    conn.execute(lock, &params),
+                    conn.query(&R::STATEMENTS.forget_unconfirmed, &params),
+                )?;
+                Ok(Decision::Commit(changed))
+            })
+            .await?
+        }
+    };
     Ok(!changed.is_empty())
 }
 

@@ -4,6 +4,14 @@
 //! amount`, decided by PostgreSQL under the charge's row lock, never by a
 //! read in Rust), then the refund row is inserted under its key; a key that
 //! exists rolls the reservation back.
+//!
+//! So the creation locks the charge before it meets the key, and every
+//! other transaction that changes a refund and its charge locks the charge
+//! first too ([`LOCK_CHARGE`]). The other order deadlocked: a refund's
+//! outcome changes its row, which gives the key a new index entry, and then
+//! its charge; a copy of the same request that holds the charge's lock
+//! waits at that entry to learn whether the key is taken. PostgreSQL broke
+//! each such cycle after `deadlock_timeout` (1 s) by failing one side.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -69,6 +77,16 @@ pub const INSERT: Statement = Statement {
         Type::TEXT,
         Type::INT8,
     ],
+};
+
+/// Locks the charge of refund `$2` as a refund's outcome and its undo change
+/// it, before they change the refund (the module doc says why).
+pub const LOCK_CHARGE: Statement = Statement {
+    sql: "SELECT 1 FROM charges \
+           WHERE merchant_id = $1 \
+             AND id = (SELECT charge_id FROM refunds WHERE merchant_id = $1 AND id = $2) \
+             FOR NO KEY UPDATE",
+    params: &[Type::UUID, Type::UUID],
 };
 
 /// Why a charge took no reservation: its status and what remains of it.
@@ -274,4 +292,6 @@ impl Stored for Refund {
     fn into_event(self) -> Self {
         self
     }
+
+    const LOCK_FIRST: Option<&'static Statement> = Some(&LOCK_CHARGE);
 }

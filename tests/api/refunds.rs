@@ -337,6 +337,51 @@ async fn fifty_concurrent_refunds_with_different_keys_never_over_refund() {
     }
 }
 
+/// One refund sent five times at once with one key (a double click, a
+/// client's eager retry), twenty times over: every copy gets the one
+/// refund's answer and nothing else is made. The copies' creation locks the
+/// charge before it meets the key; the first copy's outcome holds the key's
+/// row and then changes the charge. Taken in those two orders, the locks
+/// deadlocked in about half the rounds: PostgreSQL broke each cycle after
+/// its `deadlock_timeout` (1 s) by failing one side, so the round took a
+/// second and a client could get a 503. Rounds take milliseconds; a round
+/// of a second or more is counted as a deadlock, and a slow machine is
+/// allowed two of them.
+#[tokio::test]
+async fn one_refund_sent_at_once_with_one_key_is_made_once() {
+    let app = spawn_app_with(|s| {
+        s.idempotency.in_flight_wait = Duration::from_secs(10);
+    })
+    .await;
+    let mut took = Vec::new();
+    for round in 0..20 {
+        let charge = app.succeeded_charge(&format!("charge-{round}"), 5000).await;
+        let key = format!("refund-{round}");
+        let started = std::time::Instant::now();
+        let replies: Vec<Reply> = futures_util::future::join_all(
+            (0..5).map(|_| app.post_refund(&charge, &key, r#"{"amount":1000}"#)),
+        )
+        .await;
+        took.push(started.elapsed());
+        for reply in &replies {
+            assert_eq!(reply.status, 201, "round {round}: {}", reply.body);
+            assert_eq!(reply.body, replies[0].body, "round {round}: one answer");
+        }
+    }
+    let stalled = took
+        .iter()
+        .filter(|t| **t >= Duration::from_secs(1))
+        .count();
+    assert!(stalled <= 2, "{stalled} rounds stalled: {took:?}");
+    let refunds = app
+        .sql()
+        .await
+        .query_one("SELECT count(*) FROM refunds", &[])
+        .await
+        .unwrap();
+    assert_eq!(refunds.get::<_, i64>(0), 20);
+}
+
 /// The same race across two service instances (real processes) sharing one
 /// database: PostgreSQL decides, not either instance.
 #[tokio::test]
