@@ -122,7 +122,9 @@ fn is_private_v6(ip: Ipv6Addr) -> bool {
     let segments = ip.segments();
     let first = segments[0];
     // An IPv4 address inside an IPv6 one reaches that IPv4 address:
-    // ::a.b.c.d (IPv4-compatible), 64:ff9b::/96 (NAT64), 2002::/16 (6to4).
+    // ::a.b.c.d (IPv4-compatible), ::ffff:0:a.b.c.d (IPv4-translated),
+    // 64:ff9b::/96 (NAT64), 2002::/16 (6to4). 64:ff9b:1::/48 is NAT64
+    // inside one network (RFC 8215), private whatever it embeds.
     let embedded = |high: u16, low: u16| {
         let [a, b] = high.to_be_bytes();
         let [c, d] = low.to_be_bytes();
@@ -135,7 +137,9 @@ fn is_private_v6(ip: Ipv6Addr) -> bool {
         || first & 0xffc0 == 0xfec0   // fec0::/10, site-local (deprecated)
         || first & 0xff00 == 0xff00   // ff00::/8, multicast
         || (segments[..6] == [0; 6] && embedded(segments[6], segments[7]))
+        || (segments[..6] == [0, 0, 0, 0, 0xffff, 0] && embedded(segments[6], segments[7]))
         || (segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] && embedded(segments[6], segments[7]))
+        || segments[..3] == [0x64, 0xff9b, 1]
         || (first == 0x2002 && embedded(segments[1], segments[2]))
 }
 
@@ -222,6 +226,9 @@ mod tests {
             "::127.0.0.1",
             "64:ff9b::a9fe:a9fe",
             "2002:a00:1::",
+            "::ffff:0:7f00:1",
+            "64:ff9b:1::7f00:1",
+            "64:ff9b:1:ffff::808:808",
         ] {
             assert!(is_private(ip(private)), "{private} is private");
         }
@@ -243,6 +250,7 @@ mod tests {
             "223.255.255.255",
             "64:ff9b::808:808",
             "2002:808:808::",
+            "::ffff:0:808:808",
         ] {
             assert!(!is_private(ip(public)), "{public} is public");
         }
