@@ -9,7 +9,7 @@ pub struct IdempotencyKey(String);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
-    #[error("the Idempotency-Key header is empty")]
+    #[error("the Idempotency-Key is empty")]
     Empty,
     #[error(
         "the Idempotency-Key is longer than {} characters",
