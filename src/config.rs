@@ -67,6 +67,8 @@ pub struct ServerSettings {
     #[serde_as(as = "NonEmpty")]
     pub host: String,
     pub port: u16,
+    /// actix-server's own limit is 512 threads.
+    #[serde_as(as = "Within<0, 512>")]
     pub workers: usize,
     #[serde(rename = "shutdown_timeout_secs")]
     #[serde_as(as = "DurationSeconds<u64>")]
@@ -590,6 +592,11 @@ mod tests {
                 "CHARGEONCE__HTTP__MAX_CONNECTIONS",
                 "0",
                 "for key `http.max_connections`",
+            ),
+            (
+                "CHARGEONCE__SERVER__WORKERS",
+                "513",
+                "must be at most 512 for key `server.workers`",
             ),
             (
                 "CHARGEONCE__SERVER__HOST",
