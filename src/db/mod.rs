@@ -112,13 +112,9 @@ impl DbError {
             Self::Batch(error) => error.is_transient(),
             Self::Pool(deadpool_postgres::PoolError::Backend(error)) | Self::Query(error) => {
                 match error.code() {
-                    // No SQLSTATE: the connection failed or closed (an IO
-                    // error), or the statement itself is wrong (a bug).
-                    None => {
-                        error.is_closed()
-                            || std::error::Error::source(error)
-                                .is_some_and(|s| s.is::<std::io::Error>())
-                    }
+                    // No SQLSTATE: the connection failed or closed, or the
+                    // statement itself is wrong (a bug).
+                    None => connection_lost(error),
                     Some(code) => transient_state(code) || citus_worker_lost(error),
                 }
             }
@@ -126,6 +122,12 @@ impl DbError {
             Self::Url(_) | Self::Migrate(_) | Self::Build(_) | Self::Decode(_) => false,
         }
     }
+}
+
+/// Whether an error without a SQLSTATE is the connection's: it closed, or
+/// an IO error ended it.
+fn connection_lost(error: &tokio_postgres::Error) -> bool {
+    error.is_closed() || std::error::Error::source(error).is_some_and(|s| s.is::<std::io::Error>())
 }
 
 /// The SQLSTATEs that say the database was unreachable, overloaded or in
@@ -363,12 +365,16 @@ type StartConnection =
 /// Whether a failed connection attempt may succeed if tried again later:
 /// nothing answered (refused, reset, no answer in time), or the server
 /// answered with a state the request path also retries (`transient_state`:
-/// starting up, shutting down, full, a connection error). A wrong password
-/// or a missing database stays wrong however long one waits.
+/// starting up, shutting down, full, a connection error). A wrong password,
+/// a password the URL lacks, or a missing database stays wrong however long
+/// one waits.
 fn worth_waiting_for(error: &DbError) -> bool {
     match error {
         DbError::Timeout(_) => true,
-        DbError::Connect(error) => error.code().is_none_or(transient_state),
+        DbError::Connect(error) => match error.code() {
+            Some(code) => transient_state(code),
+            None => connection_lost(error),
+        },
         _ => false,
     }
 }

@@ -158,6 +158,46 @@ async fn start_up_waits_only_as_long_as_configured_and_only_for_what_can_change(
     );
 }
 
+/// A server that asks for a password the URL does not carry ends start-up
+/// at once, as a wrong password does: waiting cannot mend the URL. (The
+/// test's PostgreSQL trusts everyone, so a listener here answers every
+/// connection as a server asking for a password would.)
+#[tokio::test]
+async fn a_url_without_the_password_the_server_asks_for_ends_start_up_at_once() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                // The startup message: its length, then the rest of it.
+                let length = socket.read_i32().await.unwrap_or(8);
+                let mut rest = vec![0; usize::try_from(length - 4).unwrap_or(0)];
+                if socket.read_exact(&mut rest).await.is_ok() {
+                    // AuthenticationCleartextPassword: 'R', length 8, code 3.
+                    let asks = [b'R', 0, 0, 0, 8, 0, 0, 0, 3];
+                    let _ = socket.write_all(&asks).await;
+                    let _ = socket.read(&mut [0; 64]).await;
+                }
+            });
+        }
+    });
+    let started = Instant::now();
+    let mut command = chargeonce(&format!("postgres://postgres@127.0.0.1:{port}/x"));
+    command
+        .env("CHARGEONCE__DATABASE__STARTUP_WAIT_MS", "60000")
+        .arg("migrate");
+    let output = run(command).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("password missing"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "no waiting for a password the URL lacks: {:?}",
+        started.elapsed()
+    );
+}
+
 /// SIGTERM while start-up waits for the database ends the process at once:
 /// `docker stop` or a rollout must not sit out `database.startup_wait_ms`.
 #[tokio::test]
