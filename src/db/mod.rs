@@ -144,6 +144,11 @@ fn transient_state(code: &SqlState) -> bool {
         // A standby, or a primary fenced read-only for a switchover: the
         // write did not happen.
         || *code == SqlState::READ_ONLY_SQL_TRANSACTION
+        // The schema is behind this binary's migrations (`chargeonce
+        // migrate` has not run yet): what the statement names is missing.
+        || *code == SqlState::UNDEFINED_TABLE
+        || *code == SqlState::UNDEFINED_COLUMN
+        || *code == SqlState::UNDEFINED_FUNCTION
         || code.code().starts_with("08")
 }
 
@@ -604,6 +609,9 @@ mod tests {
             SqlState::READ_ONLY_SQL_TRANSACTION,
             SqlState::CONNECTION_FAILURE,
             SqlState::CONNECTION_EXCEPTION,
+            SqlState::UNDEFINED_TABLE,
+            SqlState::UNDEFINED_COLUMN,
+            SqlState::UNDEFINED_FUNCTION,
         ];
         let unusable = [
             SqlState::READ_ONLY_SQL_TRANSACTION,
@@ -618,7 +626,7 @@ mod tests {
             SqlState::CHECK_VIOLATION,
             SqlState::FOREIGN_KEY_VIOLATION,
             SqlState::SYNTAX_ERROR,
-            SqlState::UNDEFINED_TABLE,
+            SqlState::DATATYPE_MISMATCH,
         ];
         for code in &transient {
             assert!(transient_state(code), "{} is transient", code.code());
