@@ -96,7 +96,7 @@ pub enum ApiError {
     UnsupportedMediaType,
     #[error("{detail}")]
     RequestTimeout { detail: String },
-    #[error("the database is unavailable; nothing was processed, retry later")]
+    #[error("the service cannot take this request now (the database is unreachable or behind, or this instance is full); nothing was processed, retry later")]
     ServiceUnavailable(#[source] Cause),
     #[error("internal error")]
     Internal(#[source] Cause),
