@@ -16,6 +16,13 @@
 //! Each batch runs in a task of its own: a request that is cancelled (its
 //! client hung up) cannot cancel the statement of the others.
 //!
+//! A request's wait in the queue counts against its bound
+//! (`Database::request_bound`): a batch gets a connection and runs within
+//! what is left to its oldest request. Without that, requests queued behind
+//! a batch stalled by an unanswering database waited for its deadline and
+//! then for their own, on another stalled connection: 503 after two
+//! statement deadlines instead of within one.
+//!
 //! Errors keep each request's answer what it would have been alone:
 //! - an error of the database itself (unreachable, out of time, a lost
 //!   connection) would have met each of them: each gets it, shared
@@ -29,6 +36,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::{Conn, Database, DbError};
 use crate::domain::MerchantId;
@@ -94,6 +102,8 @@ struct State<S: BatchStatement> {
 struct Waiting<S: BatchStatement> {
     item: S::Item,
     reply: oneshot::Sender<Result<S::Output, DbError>>,
+    /// When its request's bound runs out.
+    deadline: Instant,
 }
 
 impl<S: BatchStatement> Batcher<S> {
@@ -130,9 +140,14 @@ impl<S: BatchStatement> Batcher<S> {
     /// waiting.
     pub async fn run(&self, item: S::Item) -> Result<S::Output, DbError> {
         let (reply, answer) = oneshot::channel();
+        let deadline = Instant::now() + self.shared.db.request_bound();
         let start = {
             let mut state = self.shared.lock();
-            state.queue.push_back(Waiting { item, reply });
+            state.queue.push_back(Waiting {
+                item,
+                reply,
+                deadline,
+            });
             let start = state.in_flight < self.shared.max_in_flight;
             if start {
                 state.in_flight += 1;
@@ -195,17 +210,32 @@ impl<S: BatchStatement> Shared<S> {
         batch
     }
 
-    /// The statement for `items` on a connection of the pool.
-    async fn run_on_a_connection(&self, items: &[S::Item]) -> Result<Vec<S::Output>, DbError> {
-        let conn = self.db.conn().await?;
+    /// The statement for `items` on a connection of the pool, by `deadline`.
+    async fn run_on_a_connection(
+        &self,
+        items: &[S::Item],
+        deadline: Instant,
+    ) -> Result<Vec<S::Output>, DbError> {
+        let conn = self
+            .db
+            .conn_within(deadline.saturating_duration_since(Instant::now()))
+            .await?;
         self.statement.run(&conn, items).await
     }
 
     async fn run_batch(&self, batch: Vec<Waiting<S>>) {
         crate::metrics::batch_rows(self.statement.name(), batch.len());
-        let (items, replies): (Vec<_>, Vec<_>) =
-            batch.into_iter().map(|w| (w.item, w.reply)).unzip();
-        match self.run_on_a_connection(&items).await {
+        let oldest = batch.iter().map(|w| w.deadline).min();
+        let (mut items, mut replies, mut deadlines) = (Vec::new(), Vec::new(), Vec::new());
+        for waiting in batch {
+            items.push(waiting.item);
+            replies.push(waiting.reply);
+            deadlines.push(waiting.deadline);
+        }
+        let Some(oldest) = oldest else {
+            return;
+        };
+        match self.run_on_a_connection(&items, oldest).await {
             Ok(outputs) if outputs.len() == items.len() => {
                 for (reply, output) in replies.into_iter().zip(outputs) {
                     let _ = reply.send(Ok(output));
@@ -223,9 +253,9 @@ impl<S: BatchStatement> Shared<S> {
             Err(error) if items.len() == 1 || error.is_transient() => share(error, replies),
             Err(error) => {
                 tracing::debug!(statement = self.statement.name(), error = %crate::telemetry::error_chain(&error), "batch failed; running its rows one by one");
-                for (item, reply) in items.iter().zip(replies) {
+                for ((item, reply), deadline) in items.iter().zip(replies).zip(deadlines) {
                     let alone = self
-                        .run_on_a_connection(std::slice::from_ref(item))
+                        .run_on_a_connection(std::slice::from_ref(item), deadline)
                         .await
                         .and_then(|mut outputs| {
                             outputs.pop().ok_or_else(|| {

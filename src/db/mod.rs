@@ -217,6 +217,7 @@ fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, DbEr
 pub struct Database {
     pool: Pool,
     query_timeout: Duration,
+    connect_timeout: Duration,
     /// Named prepared statements, or unnamed ones sent with their parameters
     /// in one message (`database.prepared_statements = false`, for PgBouncer
     /// in transaction pooling mode, where a named statement prepared in one
@@ -265,6 +266,7 @@ impl Database {
         Ok(Self {
             pool,
             query_timeout: settings.query_timeout,
+            connect_timeout: settings.connect_timeout,
             prepared: settings.prepared_statements,
             batch_rows: settings.batch_rows,
         })
@@ -279,8 +281,16 @@ impl Database {
         ))
     }
 
+    /// The longest a statement may take from the moment it is asked for,
+    /// a connection's wait included: `connect_timeout_ms` +
+    /// `query_timeout_ms`, the bound docs/api.md gives for a 503.
+    pub fn request_bound(&self) -> Duration {
+        self.connect_timeout + self.query_timeout
+    }
+
     /// A connection whose wait and statements all fit in `bound` (health
-    /// checks answer within a short bound of their own).
+    /// checks answer within a short bound of their own; a batch within
+    /// its oldest request's).
     pub async fn conn_within(&self, bound: Duration) -> Result<Conn, DbError> {
         let started = tokio::time::Instant::now();
         let client = tokio::time::timeout(bound, self.pool.get())

@@ -533,6 +533,55 @@ async fn a_citus_worker_lost_mid_statement_is_transient_and_other_errors_are_not
     }
 }
 
+/// Requests queued behind a batch that a stalled database holds up are
+/// answered within their own bound (connect + query timeout from their
+/// arrival), not after the stalled batch's deadline and then their own on
+/// another stalled connection of the pool (two statement deadlines: 3.8 s
+/// here before, against a bound of 2.5 s).
+#[tokio::test]
+async fn requests_queued_behind_a_stalled_batch_are_answered_within_their_bound() {
+    const QUERY_TIMEOUT_MS: u64 = 2000;
+    const CONNECT_TIMEOUT_MS: u64 = 500;
+    let proxy = Proxy::start(database_address()).await;
+    let app = spawn_app_with(|s| {
+        s.database.url = proxy.url_for(s.database.url.expose_secret()).into();
+        // One worker, one batch at a time, and idle connections in its pool
+        // for the queued batch to take.
+        s.server.workers = 1;
+        s.database.pool_size = 8;
+        s.database.connect_timeout = Duration::from_millis(CONNECT_TIMEOUT_MS);
+        s.database.query_timeout = Duration::from_millis(QUERY_TIMEOUT_MS);
+    })
+    .await;
+    let warm = app.post_charge("warm", &charge_body(100)).await;
+    assert_eq!(warm.status, 201, "{}", warm.body);
+
+    proxy.set_mode(ProxyMode::Stall);
+    let timed = |key: String| {
+        let app = &app;
+        async move {
+            let started = Instant::now();
+            let reply = app.post_charge(&key, &charge_body(300)).await;
+            (key, started.elapsed(), reply)
+        }
+    };
+    let first = timed("first".to_owned());
+    let queued = async {
+        // The first request's batch holds the worker's one slot by now.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        futures_util::future::join_all((0..5).map(|i| timed(format!("queued-{i}")))).await
+    };
+    let (first, queued) = tokio::join!(first, queued);
+    let bound = Duration::from_millis(QUERY_TIMEOUT_MS + CONNECT_TIMEOUT_MS);
+    for (key, elapsed, reply) in std::iter::once(first).chain(queued) {
+        reply.assert_problem(503, "service_unavailable");
+        assert!(
+            elapsed < bound + Duration::from_millis(500),
+            "{key} answered after {elapsed:?}"
+        );
+    }
+}
+
 /// A database behind this version's migrations (the binary started with
 /// `database.migrate_on_start = false` before `chargeonce migrate` ran):
 /// requests are 503 and a retry, as docs/api.md says, not 500. The tables
