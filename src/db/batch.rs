@@ -225,14 +225,13 @@ impl<S: BatchStatement> Shared<S> {
 
     async fn run_batch(&self, batch: Vec<Waiting<S>>) {
         crate::metrics::batch_rows(self.statement.name(), batch.len());
-        let oldest = batch.iter().map(|w| w.deadline).min();
         let (mut items, mut replies, mut deadlines) = (Vec::new(), Vec::new(), Vec::new());
         for waiting in batch {
             items.push(waiting.item);
             replies.push(waiting.reply);
             deadlines.push(waiting.deadline);
         }
-        let Some(oldest) = oldest else {
+        let Some(&oldest) = deadlines.iter().min() else {
             return;
         };
         match self.run_on_a_connection(&items, oldest).await {
