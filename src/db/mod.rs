@@ -283,7 +283,7 @@ impl Database {
 
     /// The longest a statement may take from the moment it is asked for,
     /// a connection's wait included: `connect_timeout_ms` +
-    /// `query_timeout_ms`, the bound docs/api.md gives for a 503.
+    /// `query_timeout_ms`, the bound README's failure table gives for a 503.
     pub fn request_bound(&self) -> Duration {
         self.connect_timeout + self.query_timeout
     }
